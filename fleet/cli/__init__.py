@@ -10,7 +10,6 @@ import importlib
 import os
 import sys
 
-
 import click
 
 from fleet.cli.context import AppContext
@@ -95,5 +94,3 @@ def main(argv: list[str] | None = None) -> None:
     from fleet.cli.errors import run_cli
 
     sys.exit(run_cli(cli, argv))
-
-

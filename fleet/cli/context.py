@@ -38,7 +38,7 @@ class AppContext:
         """A run-scoped transport session: one SSH connection per host, closed at exit."""
         from fleet.transport import Session
 
-        session = Session()
+        session = Session(self.inventory())
         click.get_current_context().call_on_close(session.close)
         return session
 

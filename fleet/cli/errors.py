@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-
-
 import click
 
 from fleet.errors import EXIT_USAGE, FleetError
@@ -34,5 +32,3 @@ def run_cli(command: click.Command, argv: list[str] | None) -> int:
 def usage_exit(message: str) -> int:
     click.echo(f"fleet: error: {message}", err=True)
     return EXIT_USAGE
-
-

@@ -1,0 +1,393 @@
+"""One SSH connection to one host, and the commands run over it.
+
+``HostConnection`` wraps a Fabric ``Connection`` (which brings ``~/.ssh/config`` handling,
+ProxyJump gateways and paramiko's client) with fleet's rules:
+
+- host keys only from the pinned known_hosts; unknown or changed keys are refused;
+- a connect timeout and SSH keepalives;
+- tenacity retries with backoff for transient faults while connecting (refused, reset,
+  timeout, no banner), never for authentication or host-key failures;
+- commands given as argv lists are quoted with ``shlex.join``.
+
+Commands are executed on a paramiko channel directly (rather than through Invoke's runner)
+so that stdin can be sent and closed, both streams are read fully, and output can be
+streamed line by line for ``--follow``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import paramiko
+
+from fleet.errors import ConnectError, HostKeyError, OperationFailed
+from fleet.transport.hostkeys import RejectUnknown, UnknownHostKey, fingerprint
+
+if TYPE_CHECKING:
+    from fabric import Connection
+
+    from fleet.inventory import HostSpec
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+KEEPALIVE_SECONDS = 15
+
+
+@dataclass
+class Result:
+    """What a remote command did (Fabric's ``Result`` vocabulary)."""
+
+    host: str
+    command: str
+    exit_code: int
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    duration_s: float
+    bytes_received: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+    def check(self, what: str = "command") -> Result:
+        """Raise :class:`OperationFailed` naming the host when the command failed."""
+        if not self.ok:
+            tail = (self.stderr.strip().splitlines() or self.stdout.strip().splitlines() or [""])[
+                -1
+            ]
+            raise OperationFailed(f"{self.host}: {what} exited {self.exit_code}: {tail}")
+        return self
+
+
+class ConnectionLost(ConnectError):
+    """The SSH connection dropped while a command was running."""
+
+
+def to_command(command: str | Sequence[str]) -> str:
+    """An argv list is quoted with ``shlex.join``; a string is taken as already quoted."""
+    if isinstance(command, str):
+        return command
+    return shlex.join(list(command))
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, UnknownHostKey | paramiko.BadHostKeyException):
+        return False
+    if isinstance(exc, paramiko.AuthenticationException):
+        return False
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return True
+    if isinstance(exc, socket.gaierror):
+        return False
+    if isinstance(exc, TimeoutError | ConnectionError | EOFError | socket.timeout):
+        return True
+    if isinstance(exc, paramiko.SSHException):
+        text = str(exc)
+        return "banner" in text or "reset" in text.lower() or "closed" in text.lower()
+    return isinstance(exc, OSError)
+
+
+def _attempts() -> int:
+    try:
+        return max(1, int(os.environ.get("FLEET_CONNECT_ATTEMPTS", "3")))
+    except ValueError:
+        return 3
+
+
+class HostConnection:
+    """An open SSH connection to one inventory host."""
+
+    def __init__(self, host: HostSpec, fabric_conn: Connection) -> None:
+        self.host = host
+        self.fabric = fabric_conn
+        self._lock = threading.Lock()
+        self.commands_run = 0
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        transport = self.fabric.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectionLost(self.host.name, "connection lost")
+        return transport
+
+    # -- running commands ---------------------------------------------------------------
+
+    def _open_channel(self, command: str, timeout: float | None) -> paramiko.Channel:
+        try:
+            chan = self.transport.open_session(timeout=timeout or DEFAULT_CONNECT_TIMEOUT)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ConnectionLost(self.host.name, f"connection lost: {reason}") from None
+        self.commands_run += 1
+        return chan
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+    ) -> Result:
+        """Run a command, send ``stdin`` (then EOF), and collect both streams.
+
+        ``timeout`` bounds the whole command; on expiry the channel is closed and
+        :class:`OperationFailed` is raised. A dropped connection raises
+        :class:`ConnectionLost` (exit 3, naming the host).
+        """
+        cmd = to_command(command)
+        started = time.monotonic()
+        deadline = started + timeout if timeout else None
+        chan = self._open_channel(cmd, timeout)
+        err_chunks: list[bytes] = []
+        out_chunks: list[bytes] = []
+        failure: list[BaseException] = []
+
+        def pump_stderr() -> None:
+            try:
+                while True:
+                    data = chan.recv_stderr(65536)
+                    if not data:
+                        return
+                    err_chunks.append(data)
+            except Exception as exc:  # surfaced by the main thread
+                failure.append(exc)
+
+        reader = threading.Thread(target=pump_stderr, daemon=True)
+        reader.start()
+        try:
+            if stdin is not None:
+                data = stdin.encode() if isinstance(stdin, str) else stdin
+                chan.sendall(data)
+            chan.shutdown_write()
+            while True:
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError()
+                    chan.settimeout(remaining)
+                data = chan.recv(65536)
+                if not data:
+                    break
+                out_chunks.append(data)
+            if deadline is not None:
+                remaining = max(0.01, deadline - time.monotonic())
+                if not chan.status_event.wait(remaining):
+                    raise TimeoutError()
+            exit_code = chan.recv_exit_status()
+            reader.join(timeout=5)
+        except TimeoutError:
+            chan.close()
+            raise OperationFailed(
+                f"{self.host.name}: command timed out after {timeout:.0f}s: {_short(cmd)}"
+            ) from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectionLost(
+                self.host.name, f"connection lost while running {_short(cmd)}: {exc}"
+            ) from None
+        finally:
+            chan.close()
+        if exit_code == -1:
+            # The channel closed without an exit status: the connection dropped.
+            raise ConnectionLost(self.host.name, f"connection lost while running {_short(cmd)}")
+        out = b"".join(out_chunks)
+        err = b"".join(err_chunks)
+        return Result(
+            host=self.host.name,
+            command=cmd,
+            exit_code=exit_code,
+            stdout_bytes=out,
+            stderr_bytes=err,
+            duration_s=time.monotonic() - started,
+            bytes_received=len(out) + len(err),
+        )
+
+    def stream(
+        self, command: str | Sequence[str], *, timeout: float | None = None
+    ) -> Iterator[str]:
+        """Yield stdout lines as they arrive (for ``--follow``); stderr is discarded.
+
+        ``timeout`` is the longest wait for new output; the generator's close() ends the
+        remote command.
+        """
+        cmd = to_command(command)
+        chan = self._open_channel(cmd, timeout)
+        chan.shutdown_write()
+        chan.settimeout(timeout)
+        buf = b""
+        try:
+            while True:
+                try:
+                    data = chan.recv(65536)
+                except TimeoutError:
+                    return
+                if not data:
+                    break
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", errors="replace")
+            if buf:
+                yield buf.decode("utf-8", errors="replace")
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectionLost(
+                self.host.name, f"connection lost while streaming: {exc}"
+            ) from None
+        finally:
+            chan.close()
+
+    def transport_alive(self) -> bool:
+        transport = self.fabric.client.get_transport()
+        return bool(transport and transport.is_active())
+
+    def close(self) -> None:
+        try:
+            self.fabric.close()
+        except Exception:
+            pass
+
+
+def _short(cmd: str, limit: int = 80) -> str:
+    return cmd if len(cmd) <= limit else cmd[: limit - 3] + "..."
+
+
+# -- opening connections ----------------------------------------------------------------
+
+
+@dataclass
+class ConnectOptions:
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    attempts: int = field(default_factory=_attempts)
+    ssh_config_path: str | None = field(default_factory=lambda: os.environ.get("FLEET_SSH_CONFIG"))
+
+
+def fabric_connection(
+    spec: HostSpec, options: ConnectOptions, gateway: Connection | None = None
+) -> Connection:
+    """A configured (not yet opened) Fabric Connection with strict host-key checking."""
+    from fabric import Config, Connection
+
+    config_kwargs: dict[str, Any] = {}
+    if options.ssh_config_path is not None:
+        config_kwargs["runtime_ssh_path"] = options.ssh_config_path or os.devnull
+        config_kwargs["overrides"] = {"load_ssh_configs": True}
+    config = Config(**config_kwargs)
+    connect_kwargs: dict[str, Any] = {
+        "banner_timeout": options.connect_timeout,
+        "auth_timeout": options.connect_timeout,
+    }
+    if spec.ssh_key:
+        connect_kwargs["key_filename"] = [str(Path(spec.ssh_key).expanduser())]
+        connect_kwargs["look_for_keys"] = False
+        connect_kwargs["allow_agent"] = False
+    kwargs: dict[str, Any] = {
+        "host": spec.target,
+        "config": config,
+        "connect_timeout": int(spec.connect_timeout or options.connect_timeout),
+        "connect_kwargs": connect_kwargs,
+    }
+    if spec.user:
+        kwargs["user"] = spec.user
+    if spec.port:
+        kwargs["port"] = spec.port
+    if gateway is not None:
+        kwargs["gateway"] = gateway
+    conn = Connection(**kwargs)
+    client = conn.client
+    client.set_missing_host_key_policy(RejectUnknown())
+    known = spec.known_hosts_path()
+    if known.exists():
+        client.load_host_keys(str(known))
+    return conn
+
+
+def open_connection(
+    spec: HostSpec, options: ConnectOptions, gateway_spec: HostSpec | None = None
+) -> HostConnection:
+    """Open one connection (with retries for transient faults) or raise ConnectError."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    last: list[Any] = []
+
+    def attempt() -> Connection:
+        gateway = None
+        if gateway_spec is not None:
+            gateway = fabric_connection(gateway_spec, options)
+            last.append(gateway)
+        conn = fabric_connection(spec, options, gateway)
+        last.append(conn)
+        try:
+            conn.open()
+        except BaseException:
+            conn.close()
+            if gateway is not None:
+                gateway.close()
+            raise
+        transport = conn.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(KEEPALIVE_SECONDS)
+        return conn
+
+    retrying = Retrying(
+        stop=stop_after_attempt(options.attempts),
+        wait=wait_exponential(multiplier=0.5, max=4),
+        retry=retry_if_exception(_is_transient),
+        reraise=True,
+    )
+    where = f"{spec.user + '@' if spec.user else ''}{spec.target}:{spec.port or 22}"
+    try:
+        conn = retrying(attempt)
+    except UnknownHostKey as exc:
+        raise HostKeyError(
+            spec.name,
+            f"host key of {exc.hostname} is not pinned in {spec.known_hosts_path()} "
+            f"({exc.key.get_name()} {fingerprint(exc.key)}); refusing to connect",
+            hint=f"check the fingerprint, then run: fleet trust --host {spec.name} --accept-new",
+        ) from None
+    except paramiko.BadHostKeyException as exc:
+        raise HostKeyError(
+            spec.name,
+            f"HOST KEY CHANGED for {exc.hostname}: pinned {fingerprint(exc.expected_key)}, "
+            f"offered {fingerprint(exc.key)}; refusing to connect (possible impersonation)",
+            hint=f"if the host was reinstalled, remove its line from {spec.known_hosts_path()} "
+            f"and run: fleet trust --host {spec.name} --accept-new",
+        ) from None
+    except paramiko.AuthenticationException as exc:
+        raise ConnectError(
+            spec.name,
+            f"authentication failed for {where}: {exc}",
+            hint="check the host's user and ssh_key in the inventory",
+        ) from None
+    except paramiko.ssh_exception.NoValidConnectionsError:
+        raise ConnectError(
+            spec.name,
+            f"cannot connect to {where}: connection refused ({options.attempts} attempts)",
+        ) from None
+    except socket.gaierror as exc:
+        raise ConnectError(spec.name, f"cannot resolve {spec.target}: {exc.strerror}") from None
+    except TimeoutError:
+        raise ConnectError(
+            spec.name,
+            f"cannot connect to {where}: timed out after "
+            f"{options.connect_timeout:.0f}s ({options.attempts} attempts)",
+        ) from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise ConnectError(
+            spec.name, f"cannot connect to {where}: {exc or type(exc).__name__}"
+        ) from None
+    return HostConnection(spec, conn)

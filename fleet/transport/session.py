@@ -1,0 +1,88 @@
+"""A run-scoped session: one SSH connection per host, shared by every step of the run."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import TYPE_CHECKING
+
+from fleet.transport.connection import ConnectOptions, HostConnection, open_connection
+
+if TYPE_CHECKING:
+    from fleet.inventory import HostSpec, Inventory
+
+_JUMP = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:\s]+)(?::(?P<port>\d+))?$")
+
+
+class Session:
+    """Opens at most one connection per host and closes them all at the end.
+
+    ``connect`` is thread-safe: concurrent callers for the same host wait for the one
+    connection being opened. ``opened`` counts connections actually opened per host.
+    """
+
+    def __init__(
+        self, inventory: Inventory | None = None, options: ConnectOptions | None = None
+    ) -> None:
+        self.inventory = inventory
+        self.options = options or ConnectOptions()
+        self._conns: dict[str, HostConnection] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.opened: dict[str, int] = {}
+        self.closed = False
+
+    def connect(self, host: HostSpec) -> HostConnection:
+        with self._guard:
+            if self.closed:
+                raise RuntimeError("session is closed")
+            lock = self._locks.setdefault(host.name, threading.Lock())
+        with lock:
+            conn = self._conns.get(host.name)
+            if conn is not None:
+                return conn
+            conn = open_connection(host, self.options, self.jump_spec(host))
+            with self._guard:
+                self.opened[host.name] = self.opened.get(host.name, 0) + 1
+                if self.closed:
+                    conn.close()
+                    raise RuntimeError("session is closed")
+                self._conns[host.name] = conn
+            return conn
+
+    def jump_spec(self, host: HostSpec) -> HostSpec | None:
+        """The bastion for ``host``: an inventory host name or ``[user@]host[:port]``.
+
+        A bastion given as an address inherits the host's key and known_hosts."""
+        if not host.jump:
+            return None
+        if self.inventory is not None and host.jump in self.inventory.hosts:
+            return self.inventory.hosts[host.jump]
+        from fleet.errors import UsageError
+        from fleet.inventory import HostSpec
+
+        match = _JUMP.match(host.jump)
+        if not match:
+            raise UsageError(f"{host.name}: jump '{host.jump}' is not [user@]host[:port]")
+        return HostSpec(
+            name=f"{host.name}-jump",
+            address=match["host"].strip("[]"),
+            port=int(match["port"]) if match["port"] else None,
+            user=match["user"] or host.user,
+            ssh_key=host.ssh_key,
+            known_hosts=host.known_hosts,
+        )
+
+    def close(self) -> None:
+        with self._guard:
+            self.closed = True
+            conns = list(self._conns.values())
+            self._conns.clear()
+        for conn in conns:
+            conn.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
