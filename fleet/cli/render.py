@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
+
+    from fleet.transport import HostOutcome
 
 _console: Console | None = None
 _err_console: Console | None = None
@@ -46,3 +50,35 @@ def emit_json(obj: Any) -> None:
 
     sys.stdout.write(json.dumps(obj, indent=2, default=default, sort_keys=False) + "\n")
     sys.stdout.flush()
+
+
+STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "bold red"}
+
+
+def outcome_table(
+    outcomes: Sequence[HostOutcome[Any]],
+    columns: list[str],
+    cells: Callable[[Any], list[str]],
+    title: str | None = None,
+) -> Table:
+    """The per-host summary table: host, status, the command's own columns, error."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("host", no_wrap=True)
+    table.add_column("status")
+    for col in columns:
+        table.add_column(col)
+    table.add_column("detail")
+    for o in outcomes:
+        status = f"[{STATUS_STYLE[o.status]}]{o.status}[/]"
+        if o.ok and o.value is not None:
+            table.add_row(o.host, status, *cells(o.value), "")
+        else:
+            detail = o.error or ""
+            if o.hint:
+                detail += f"\n[dim]{o.hint}[/]"
+            table.add_row(o.host, status, *(["-"] * len(columns)), detail)
+    ok = sum(o.ok for o in outcomes)
+    table.caption = f"{ok}/{len(outcomes)} ok"
+    return table

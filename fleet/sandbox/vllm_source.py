@@ -53,8 +53,16 @@ def wheel_path(version: str) -> Path:
             return found
         wheels.mkdir(parents=True, exist_ok=True)
         cmd = [
-            sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-            "--only-binary=:all:", "--dest", str(wheels), f"vllm=={version}",
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--dest",
+            str(wheels),
+            f"vllm=={version}",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         found = _find_wheel(wheels, version)

@@ -391,3 +391,54 @@ def open_connection(
             spec.name, f"cannot connect to {where}: {exc or type(exc).__name__}"
         ) from None
     return HostConnection(spec, conn)
+
+
+def scan_host_key(
+    spec: HostSpec, options: ConnectOptions, gateway_spec: HostSpec | None = None
+) -> tuple[str, paramiko.PKey]:
+    """The key the server offers, fetched without authenticating (like ``ssh-keyscan``).
+
+    Returns the known_hosts name and the key. When a key is already pinned for the host,
+    that key type is asked for, so that a changed key is not mistaken for a new type.
+    Through a bastion the bastion itself must already be trusted.
+    """
+    from fleet.transport.hostkeys import known_hosts_name, load_known_hosts
+
+    port = spec.port or 22
+    name = known_hosts_name(spec.target, port)
+    gateway: HostConnection | None = None
+    sock: Any
+    try:
+        if gateway_spec is not None:
+            gateway = open_connection(gateway_spec, options)
+            sock = gateway.transport.open_channel(
+                "direct-tcpip",
+                (spec.target, port),
+                ("127.0.0.1", 0),
+                timeout=options.connect_timeout,
+            )
+        else:
+            sock = socket.create_connection((spec.target, port), timeout=options.connect_timeout)
+    except ConnectError:
+        raise
+    except (OSError, paramiko.SSHException) as exc:
+        raise ConnectError(spec.name, f"cannot connect to {spec.target}:{port}: {exc}") from None
+    transport = paramiko.Transport(sock)
+    try:
+        pinned = load_known_hosts(spec.known_hosts_path()).lookup(name)
+        if pinned:
+            opts = transport.get_security_options()
+            wanted = [t for t in opts.key_types if t in set(pinned.keys())]
+            if wanted:
+                opts.key_types = wanted
+        transport.banner_timeout = options.connect_timeout
+        transport.start_client(timeout=options.connect_timeout)
+        return name, transport.get_remote_server_key()
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise ConnectError(
+            spec.name, f"no SSH server answered at {spec.target}:{port}: {exc}"
+        ) from None
+    finally:
+        transport.close()
+        if gateway is not None:
+            gateway.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from fleet.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, ConnectError, FleetError
 
@@ -86,7 +86,7 @@ def fan_out(
     return [results[h.name] for h in hosts]
 
 
-def exit_code(outcomes: Sequence[HostOutcome[object]]) -> int:
+def exit_code(outcomes: Sequence[HostOutcome[Any]]) -> int:
     """3 if any host was unreachable, else 1 if any failed, else 0."""
     if any(o.status == "unreachable" for o in outcomes):
         return EXIT_UNREACHABLE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from fleet.transport.connection import ConnectOptions, HostConnection, open_connection
@@ -30,6 +31,7 @@ class Session:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self.opened: dict[str, int] = {}
+        self.connect_ms: dict[str, float] = {}
         self.closed = False
 
     def connect(self, host: HostSpec) -> HostConnection:
@@ -41,8 +43,10 @@ class Session:
             conn = self._conns.get(host.name)
             if conn is not None:
                 return conn
+            started = time.monotonic()
             conn = open_connection(host, self.options, self.jump_spec(host))
             with self._guard:
+                self.connect_ms[host.name] = (time.monotonic() - started) * 1000
                 self.opened[host.name] = self.opened.get(host.name, 0) + 1
                 if self.closed:
                     conn.close()
