@@ -40,12 +40,36 @@ class LazyGroup(click.Group):
         module_name, attr = entry[0].split(":")
         command = getattr(importlib.import_module(module_name), attr)
         assert isinstance(command, click.Command)
+        _add_global_flags(command)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(AppContext).json_output = True
+
+
+def _add_global_flags(command: click.Command) -> None:
+    """Accept ``--json`` after the subcommand too (``fleet ping --host h --json``)."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _add_global_flags(sub)
+        return
+    if not any("--json" in p.opts for p in command.params):
+        command.params.append(
+            click.Option(
+                ["--json"],
+                is_flag=True,
+                expose_value=False,
+                callback=_set_json,
+                help="Machine output on stdout (same as the global --json).",
+            )
+        )
 
 
 EPILOG = (

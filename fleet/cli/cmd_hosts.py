@@ -133,7 +133,8 @@ def trust(app: AppContext, hosts: tuple[str, ...], accept_new: bool) -> int:
         try:
             name, key = scan_host_key(spec, options, session.jump_spec(spec))
         except ConnectError as exc:
-            return {"host": spec.name, "status": "unreachable", "error": exc.message}
+            error = exc.message.removeprefix(f"{spec.name}: ")
+            return {"host": spec.name, "status": "unreachable", "error": error}
         path = spec.known_hosts_path()
         check = check_key(path, name, key)
         status = check.status
