@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from fleet.cli.context import AppContext, host_option, pass_app
-from fleet.cli.render import console, emit_json, outcome_table
+from fleet.cli.render import console, emit_json, print_outcomes
 from fleet.errors import EXIT_OK, EXIT_UNREACHABLE
 
 
@@ -85,12 +85,10 @@ def ping(app: AppContext, hosts: tuple[str, ...]) -> int:
                 }
         emit_json({"hosts": out})
     else:
-        console().print(
-            outcome_table(
-                outcomes,
-                ["connect", "latency", "host key"],
-                lambda v: [f"{v.connect_ms:.0f} ms", f"{v.latency_ms:.1f} ms", v.host_key],
-            )
+        print_outcomes(
+            outcomes,
+            ["connect", "latency", "host key"],
+            lambda v: [f"{v.connect_ms:.0f} ms", f"{v.latency_ms:.1f} ms", v.host_key],
         )
     return exit_code(outcomes)
 
@@ -161,7 +159,7 @@ def trust(app: AppContext, hosts: tuple[str, ...], accept_new: bool) -> int:
 
         table = Table(title="host keys", title_justify="left")
         for col in ("host", "status", "key", "fingerprint", "known_hosts"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         style = {"pinned": "green", "added": "green", "unknown": "yellow", "changed": "bold red"}
         for r in rows:
             st = r["status"]

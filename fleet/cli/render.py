@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.table import Table
 
     from fleet.transport import HostOutcome
 
@@ -55,30 +54,33 @@ def emit_json(obj: Any) -> None:
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "bold red"}
 
 
-def outcome_table(
+def print_outcomes(
     outcomes: Sequence[HostOutcome[Any]],
     columns: list[str],
     cells: Callable[[Any], list[str]],
     title: str | None = None,
-) -> Table:
-    """The per-host summary table: host, status, the command's own columns, error."""
+) -> None:
+    """The per-host summary for people: a table (host, status, the command's columns),
+    then one line per failed host with its error and what to do next."""
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
     table.add_column("host", no_wrap=True)
-    table.add_column("status")
+    table.add_column("status", no_wrap=True)
     for col in columns:
         table.add_column(col)
-    table.add_column("detail")
     for o in outcomes:
         status = f"[{STATUS_STYLE[o.status]}]{o.status}[/]"
         if o.ok and o.value is not None:
-            table.add_row(o.host, status, *cells(o.value), "")
+            table.add_row(o.host, status, *cells(o.value))
         else:
-            detail = o.error or ""
-            if o.hint:
-                detail += f"\n[dim]{o.hint}[/]"
-            table.add_row(o.host, status, *(["-"] * len(columns)), detail)
+            table.add_row(o.host, status, *(["-"] * len(columns)))
     ok = sum(o.ok for o in outcomes)
     table.caption = f"{ok}/{len(outcomes)} ok"
-    return table
+    out = console()
+    out.print(table)
+    for o in outcomes:
+        if not o.ok:
+            out.print(f"[{STATUS_STYLE[o.status]}]{o.host}[/]: {o.error}", soft_wrap=True)
+            if o.hint:
+                out.print(f"  [dim]next:[/] {o.hint}", soft_wrap=True)
