@@ -1,0 +1,175 @@
+"""Inventory parsing, inheritance, aliases, selection and one-line errors (pure)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import UsageError
+from fleet.inventory import load_inventory, parse_inventory
+
+EXAMPLE = textwrap.dedent(
+    """
+    all:
+      vars: {user: root, ssh_key: ~/.ssh/id_ed25519, python: /root/ml-env/bin/python}
+      children:
+        blackwell:
+          vars: {port: 2200}
+          hosts:
+            b200-01: {address: 10.0.0.11}
+            b200-02: {address: 10.0.0.12, port: 2222}
+          children:
+            canary:
+              vars: {python: /opt/canary/bin/python}
+              hosts:
+                b200-03: {ansible_host: 10.0.0.13, ansible_user: ops}
+        hopper:
+          hosts:
+            h100-01:
+              ansible_port: 2022
+              ansible_ssh_private_key_file: /keys/h100
+              ansible_python_interpreter: /usr/bin/python3.11
+              jump: bastion
+            bastion: {address: 192.0.2.1}
+    """
+)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "inventory.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_vars_inherit_downward_and_host_vars_win(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, EXAMPLE))
+    b1, b2, b3 = (inv.hosts[n] for n in ("b200-01", "b200-02", "b200-03"))
+    assert (b1.address, b1.port, b1.user, b1.python) == (
+        "10.0.0.11",
+        2200,
+        "root",
+        "/root/ml-env/bin/python",
+    )
+    assert b2.port == 2222  # host var beats group var
+    assert b3.python == "/opt/canary/bin/python"  # child group beats parent group
+    assert (b3.address, b3.user, b3.port) == ("10.0.0.13", "ops", 2200)  # aliases
+
+
+def test_ansible_aliases(tmp_path: Path) -> None:
+    h = load_inventory(write(tmp_path, EXAMPLE)).hosts["h100-01"]
+    assert (h.port, h.ssh_key, h.python, h.jump) == (
+        2022,
+        "/keys/h100",
+        "/usr/bin/python3.11",
+        "bastion",
+    )
+    assert h.target == "h100-01"  # no address: the name is the target (ssh config alias)
+
+
+@pytest.mark.parametrize(
+    ("patterns", "expected"),
+    [
+        (["all"], {"b200-01", "b200-02", "b200-03", "h100-01", "bastion"}),
+        (["blackwell"], {"b200-01", "b200-02", "b200-03"}),
+        (["canary"], {"b200-03"}),
+        (["b200-0[12]"], {"b200-01", "b200-02"}),
+        (["h100-01", "canary"], {"h100-01", "b200-03"}),
+        (["hop*"], {"h100-01", "bastion"}),
+    ],
+)
+def test_selection(tmp_path: Path, patterns: list[str], expected: set[str]) -> None:
+    inv = load_inventory(write(tmp_path, EXAMPLE))
+    chosen = inv.select(patterns)
+    assert {h.name for h in chosen} == expected
+    order = list(inv.hosts)
+    assert [h.name for h in chosen] == sorted((h.name for h in chosen), key=order.index)
+
+
+def test_groups_listed(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, EXAMPLE))
+    assert set(inv.hosts["b200-03"].groups) == {"all", "blackwell", "canary"}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("all: [1, 2", "invalid YAML (line"),
+        (
+            "all:\n  hosts:\n    a: {adress: 1.2.3.4}\n",
+            "all.hosts.a.adress: unknown host variable (did you mean 'address'?)",
+        ),
+        (
+            "all:\n  hosts:\n    a: {port: http}\n",
+            "all.hosts.a.port: Input should be a valid integer",
+        ),
+        ("all:\n  hosts:\n    a: {port: 70000}\n", "all.hosts.a.port"),
+        (
+            "all:\n  hostz:\n    a: {}\n",
+            "all.hostz: unknown key; a group holds vars, hosts, children (did you mean 'hosts'?)",
+        ),
+        ("all:\n  children:\n    g:\n      vars: [1]\n", "all.children.g.vars: must be a mapping"),
+        ("", "inventory is empty"),
+        ("all:\n  vars: {user: root}\n", "defines no hosts"),
+        ("- a\n- b\n", "top level must be a mapping"),
+        (
+            "all:\n  hosts:\n    a: {address: '  '}\n",
+            "all.hosts.a.address: Value error, must not be empty",
+        ),
+    ],
+)
+def test_broken_inventory_is_one_line(tmp_path: Path, text: str, fragment: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(UsageError) as err:
+        load_inventory(path)
+    message = str(err.value)
+    assert fragment in message
+    assert str(path) in message
+    assert "\n" not in message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="inventory file not found"):
+        load_inventory(tmp_path / "nope.yaml")
+
+
+def test_unknown_pattern_suggests(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, EXAMPLE))
+    with pytest.raises(
+        UsageError, match="no host or group matches 'blackwel'; did you mean 'blackwell'"
+    ):
+        inv.select(["blackwel"])
+
+
+def test_top_level_groups_are_children_of_all() -> None:
+    inv = parse_inventory({"all": {"vars": {"user": "u"}}, "gpu": {"hosts": {"x": None}}})
+    assert inv.hosts["x"].user == "u"
+    assert inv.groups["gpu"] == ["x"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["hosts"], "inventory file not found"),
+        (["ping", "--host", "nope"], "no host or group matches 'nope'"),
+    ],
+)
+def test_cli_bad_inventory_exit_2_no_traceback(
+    tmp_path: Path, args: list[str], fragment: str
+) -> None:
+    inv = tmp_path / ("inventory.yaml" if "ping" in args else "missing.yaml")
+    if "ping" in args:
+        inv.write_text(EXAMPLE)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet", "--inventory", str(inv), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert fragment in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -1,0 +1,190 @@
+"""Pure parts of the transport: quoting, host-key files, fault classification, fan-out."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from fleet.errors import ConnectError, OperationFailed
+from fleet.inventory import HostSpec
+from fleet.transport import exit_code, fan_out, to_command
+from fleet.transport.connection import _is_transient
+from fleet.transport.hostkeys import check_key, fingerprint, known_hosts_name, pin_key
+from fleet.transport.session import Session
+
+NASTY = ["a b", "it's", 'say "hi"', "x;touch {m}", "$(touch {m})", "`touch {m}`", "*", "\\n"]
+
+
+def test_argv_is_quoted_and_inert(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    args = [a.format(m=marker) for a in NASTY]
+    cmd = to_command(["printf", "%s\\n", *args])
+    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, cwd=tmp_path)
+    assert out.stdout.splitlines() == args
+    assert not marker.exists()
+    assert shlex.split(cmd)[2:] == args
+
+
+def test_string_command_is_sent_as_is() -> None:
+    assert to_command("ls | wc -l") == "ls | wc -l"
+
+
+def _key() -> paramiko.PKey:
+    return paramiko.Ed25519Key.from_private_key_file(str(_KEYFILE))
+
+
+_KEYFILE: Path
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _keyfile(tmp_path_factory: pytest.TempPathFactory) -> None:
+    global _KEYFILE
+    d = tmp_path_factory.mktemp("keys")
+    for name in ("a", "b"):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True
+        )
+    _KEYFILE = d / "a"
+
+
+def test_pin_then_check(tmp_path: Path) -> None:
+    kh = tmp_path / "known_hosts"
+    key = paramiko.Ed25519Key.from_private_key_file(str(_KEYFILE))
+    other = paramiko.Ed25519Key.from_private_key_file(str(_KEYFILE.parent / "b"))
+    name = known_hosts_name("127.0.0.9", 2200)
+    assert name == "[127.0.0.9]:2200"
+    assert known_hosts_name("10.0.0.1", 22) == "10.0.0.1"
+    assert check_key(kh, name, key).status == "unknown"
+    pin_key(kh, name, key)
+    assert check_key(kh, name, key).status == "pinned"
+    changed = check_key(kh, name, other)
+    assert changed.status == "changed"
+    assert changed.pinned_fingerprint == fingerprint(key) != changed.fingerprint
+    # the file is what ssh-keygen understands: OpenSSH itself finds the key
+    found = subprocess.run(
+        ["ssh-keygen", "-F", name, "-f", str(kh)], capture_output=True, text=True
+    )
+    assert found.returncode == 0 and key.get_base64() in found.stdout
+    assert oct(kh.stat().st_mode & 0o777) == "0o600"
+
+
+def test_fingerprint_matches_ssh_keygen() -> None:
+    key = paramiko.Ed25519Key.from_private_key_file(str(_KEYFILE))
+    out = subprocess.run(
+        ["ssh-keygen", "-l", "-f", str(_KEYFILE) + ".pub"], capture_output=True, text=True
+    )
+    assert fingerprint(key) == out.stdout.split()[1]
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (
+            paramiko.ssh_exception.NoValidConnectionsError({("127.0.0.1", 22): OSError("refused")}),
+            True,
+        ),
+        (ConnectionResetError(), True),
+        (TimeoutError(), True),
+        (EOFError(), True),
+        (paramiko.SSHException("Error reading SSH protocol banner"), True),
+        (paramiko.AuthenticationException("nope"), False),
+        (socket.gaierror(-2, "Name or service not known"), False),
+    ],
+)
+def test_transient_classification(exc: BaseException, transient: bool) -> None:
+    assert _is_transient(exc) is transient
+
+
+def test_host_key_failures_are_not_retried() -> None:
+    key = paramiko.Ed25519Key.from_private_key_file(str(_KEYFILE))
+    other = paramiko.Ed25519Key.from_private_key_file(str(_KEYFILE.parent / "b"))
+    from fleet.transport.hostkeys import UnknownHostKey
+
+    assert _is_transient(paramiko.BadHostKeyException("h", key, other)) is False
+    assert _is_transient(UnknownHostKey("h", key)) is False
+
+
+def test_jump_spec_parsing() -> None:
+    session = Session()
+    host = HostSpec(
+        name="gpu1",
+        address="10.1.1.1",
+        jump="ops@bastion.example:2222",
+        ssh_key="/k",
+        known_hosts="/kh",
+    )
+    jump = session.jump_spec(host)
+    assert jump is not None
+    assert (jump.address, jump.port, jump.user, jump.ssh_key, jump.known_hosts) == (
+        "bastion.example",
+        2222,
+        "ops",
+        "/k",
+        "/kh",
+    )
+    assert session.jump_spec(HostSpec(name="x")) is None
+
+
+class _StubConn:
+    def __init__(self, host: HostSpec) -> None:
+        self.host = host
+
+
+class _StubSession:
+    """Stands in for Session only to test the parallel map's bookkeeping."""
+
+    def __init__(self, down: set[str]) -> None:
+        self.down = down
+        self.active = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def connect(self, host: HostSpec) -> _StubConn:
+        if host.name in self.down:
+            raise ConnectError(host.name, "cannot connect: connection refused")
+        return _StubConn(host)
+
+    def close(self) -> None:
+        pass
+
+
+def test_fan_out_bounds_parallelism_and_keeps_order() -> None:
+    hosts = [HostSpec(name=f"h{i:02d}") for i in range(20)]
+    stub = _StubSession(down={"h03"})
+    gate = threading.Barrier(4, timeout=5)
+
+    def work(conn: _StubConn) -> str:
+        with stub.lock:
+            stub.active += 1
+            stub.peak = max(stub.peak, stub.active)
+        try:
+            if conn.host.name == "h07":
+                raise OperationFailed("h07: disk full")
+            if conn.host.name == "h08":
+                raise ValueError("bug")
+            try:
+                gate.wait()
+            except threading.BrokenBarrierError:
+                pass
+            return conn.host.name.upper()
+        finally:
+            with stub.lock:
+                stub.active -= 1
+
+    outcomes = fan_out(stub, hosts, work, forks=4)  # type: ignore[arg-type]
+    assert [o.host for o in outcomes] == [h.name for h in hosts]
+    assert stub.peak <= 4
+    by = {o.host: o for o in outcomes}
+    assert by["h03"].status == "unreachable" and "refused" in (by["h03"].error or "")
+    assert by["h07"].status == "failed" and by["h07"].error == "disk full"
+    assert by["h08"].status == "failed" and "ValueError" in (by["h08"].error or "")
+    assert by["h00"].value == "H00"
+    assert exit_code(outcomes) == 3
+    assert exit_code([o for o in outcomes if o.host != "h03"]) == 1
+    assert exit_code([by["h00"]]) == 0
