@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what fleet's demo and tests need, idempotently:
+#   - OpenSSH's server (sshd) and client, when missing and we may install them;
+#   - a virtualenv in .venv with fleet and its test extras (editable).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_sshd() { command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; }
+
+if ! have_sshd || ! command -v ssh-keygen >/dev/null 2>&1; then
+  echo "bootstrap: installing OpenSSH (server and client)" >&2
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq openssh-server openssh-client >/dev/null
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && command -v apt-get >/dev/null 2>&1; then
+    sudo -n env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null
+  else
+    echo "bootstrap: OpenSSH's server is needed (sshd): install the openssh-server package" >&2
+    exit 2
+  fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv" >&2
+  "$PY" -m venv .venv
+fi
+# Reinstall only when pyproject.toml changed since the last install.
+stamp=.venv/.fleet-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! .venv/bin/python -c "import fleet" 2>/dev/null; then
+  echo "bootstrap: installing fleet and its test tools into .venv" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+  echo "$want" > "$stamp"
+fi

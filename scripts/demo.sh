@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The demo: a sandbox fleet on this machine (real sshd hosts with the real vLLM source of
+# two versions), then fleet's main job on it. Installs what it needs first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh
+export PATH="$PWD/.venv/bin:$PATH"
+DIR=${FLEET_DEMO_DIR:-.sandbox/demo}
+INV="$DIR/inventory.yaml"
+
+step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
+run() { step "$@"; "$@" || echo "(exit code $?)"; }
+
+fleet sandbox down --dir "$DIR" >/dev/null 2>&1 || true
+run fleet sandbox up --hosts 3 --vllm 0.17.0 --vllm 0.18.0 --dir "$DIR"
+run fleet --inventory "$INV" ping --host all
+run fleet --inventory "$INV" inspect --host all
+run fleet --inventory "$INV" source grep --host sandbox-01 'class DeepseekV2ForCausalLM' model_executor/models/deepseek_v2.py
+
+printf '\nThe sandbox is still up. Try more commands with --inventory %s, and stop it with:\n  fleet sandbox down --dir %s\n' "$INV" "$DIR"
