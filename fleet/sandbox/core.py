@@ -1,0 +1,430 @@
+"""A rehearsal fleet on this machine: ``up``, ``down``, ``status`` and the knobs tests turn.
+
+The CLI (``fleet sandbox``) and the pytest fixtures (``tests/conftest.py``) both drive this
+class, so the hosts tests talk to are exactly the hosts the demo shows.
+
+``DIR`` layout::
+
+    sandbox.json      state: backend, user, hosts (name, vLLM, address, port, home, python)
+    inventory.yaml    the fleet inventory (DESIGN contract), used unedited by every command
+    known_hosts       the hosts' keys, pinned (unless ``pinned=False``)
+    client/id_ed25519 the key fleet logs in with (authorized on every host)
+    hosts/<name>/     one host (see ``fleet.sandbox.local``)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from fleet.errors import OperationFailed, UsageError
+from fleet.sandbox import model
+from fleet.sandbox.local import LocalBackend, reserved_ports, write_text_atomic
+
+Progress = Callable[[str], None]
+
+BACKEND_ENV = "FLEET_SANDBOX_BACKEND"
+
+
+class HostBackend(Protocol):
+    """What a kind of rehearsal host (local sshd, docker-sshd container) must offer."""
+
+    name: str
+    login_user: str
+
+    def describe(self) -> str: ...
+    def plan_host(self, name: str, vllm: str, port: int) -> model.SandboxHost: ...
+    def prepare(
+        self, host: model.SandboxHost, tree: Path, client_public_key: str, info: dict[str, Any]
+    ) -> None: ...
+    def public_key(self, host: model.SandboxHost) -> str: ...
+    def rotate_key(self, host: model.SandboxHost) -> str: ...
+    def running(self, host: model.SandboxHost) -> bool: ...
+    def start(self, host: model.SandboxHost, *, may_move: bool = False) -> int: ...
+    def stop(
+        self, host: model.SandboxHost, *, kill: bool = False, workloads: bool = False
+    ) -> list[int]: ...
+    def log_text(self, host: model.SandboxHost) -> str: ...
+    def remove(self, host: model.SandboxHost) -> None: ...
+
+
+def current_user() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def default_backend() -> model.Backend:
+    value = os.environ.get(BACKEND_ENV, "local").strip().lower() or "local"
+    if value not in ("local", "docker"):
+        raise UsageError(f"${BACKEND_ENV}={value!r}: expected 'local' or 'docker'")
+    return "docker" if value == "docker" else "local"
+
+
+def make_backend(kind: model.Backend, root: Path, user: str) -> HostBackend:
+    if kind == "docker":
+        from fleet.sandbox.docker import DockerBackend
+
+        return DockerBackend(root, user)
+    return LocalBackend(root, user)
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    name: str
+    vllm: str
+    address: str
+    port: int
+    running: bool
+    python: str
+    home: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "vllm": self.vllm,
+            "address": self.address,
+            "port": self.port,
+            "running": self.running,
+            "python": self.python,
+            "home": self.home,
+        }
+
+
+@contextlib.contextmanager
+def _dir_lock(root: Path) -> Iterator[None]:
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def resolve_dir(directory: str | os.PathLike[str] | None) -> Path:
+    raw = os.fspath(directory) if directory is not None else model.DEFAULT_DIR
+    path = Path(raw).expanduser().absolute()
+    model.validate_dir(str(path))
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--dir {raw}: exists and is not a directory")
+    return path
+
+
+class Sandbox:
+    """A sandbox directory and the rehearsal hosts described by its ``sandbox.json``."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+        self.dir = resolve_dir(directory)
+        self._state: model.SandboxState | None = None
+
+    # -- files ----------------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.dir / model.STATE_FILE
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.dir / model.INVENTORY_FILE
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.dir / model.KNOWN_HOSTS_FILE
+
+    @property
+    def client_key_path(self) -> Path:
+        return self.dir / "client" / "id_ed25519"
+
+    def exists(self) -> bool:
+        return self.state_path.is_file()
+
+    @property
+    def state(self) -> model.SandboxState:
+        if self._state is None:
+            self._state = self._load_state()
+        return self._state
+
+    def _load_state(self) -> model.SandboxState:
+        try:
+            text = self.state_path.read_text()
+        except FileNotFoundError:
+            raise UsageError(
+                f"no sandbox in {self.dir} (start one: fleet sandbox up --dir {self.dir})"
+            ) from None
+        try:
+            return model.SandboxState.model_validate_json(text)
+        except ValueError as exc:
+            first = str(exc).splitlines()[0]
+            raise UsageError(
+                f"{self.state_path}: not a fleet sandbox state file ({first})"
+            ) from None
+
+    def _save_state(self, state: model.SandboxState) -> None:
+        write_text_atomic(self.state_path, state.model_dump_json(indent=2) + "\n")
+        self._state = state
+
+    def backend(self) -> HostBackend:
+        return make_backend(self.state.backend, self.dir, self.state.user)
+
+    @property
+    def hosts(self) -> list[model.SandboxHost]:
+        return list(self.state.hosts)
+
+    def host(self, name: str) -> model.SandboxHost:
+        return self.state.host(name)
+
+    # -- up / down / status ---------------------------------------------------------------
+    @classmethod
+    def up(
+        cls,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        hosts: int = model.DEFAULT_HOSTS,
+        versions: Sequence[str] = model.DEFAULT_VERSIONS,
+        load_seconds: float = model.DEFAULT_LOAD_SECONDS,
+        backend: model.Backend | None = None,
+        pinned: bool = True,
+        progress: Progress | None = None,
+        workers: int = 4,
+    ) -> Sandbox:
+        """Start ``hosts`` rehearsal hosts, vLLM versions round-robin; write the inventory."""
+        say = progress or (lambda _msg: None)
+        model.validate_hosts(hosts)
+        versions = [model.validate_version(v) for v in versions] or list(model.DEFAULT_VERSIONS)
+        if load_seconds < 0:
+            raise UsageError(f"--load-seconds {load_seconds}: must not be negative")
+        kind = backend or default_backend()
+        sandbox = cls(directory)
+        impl = make_backend(kind, sandbox.dir, current_user())
+        user = impl.login_user
+        with _dir_lock(sandbox.dir):
+            sandbox._clear_previous()
+            say(f"backend: {impl.describe()}")
+            trees = _vllm_trees(sorted(set(versions)), say)
+            names = model.host_names(hosts)
+            assigned = model.assign_versions(hosts, versions)
+            with reserved_ports(model.ADDRESS, hosts) as ports:
+                planned = [
+                    impl.plan_host(n, v, p)
+                    for n, v, p in zip(names, assigned, ports, strict=True)
+                ]
+            state = model.SandboxState(
+                backend=kind,
+                dir=str(sandbox.dir),
+                user=user,
+                load_seconds=load_seconds,
+                versions=versions,
+                hosts=planned,
+            )
+            # Written before anything starts: `down` can always find what `up` began.
+            sandbox._save_state(state)
+            try:
+                client_pub = _client_key(sandbox.client_key_path)
+                say(f"building {hosts} host(s) in {sandbox.dir}")
+
+                def build(host: model.SandboxHost) -> None:
+                    info = {
+                        "host": host.name,
+                        "vllm": host.vllm,
+                        "load_seconds": load_seconds,
+                        "gpu_name": "NVIDIA B200",
+                        "gpu_count": 8,
+                    }
+                    impl.prepare(host, trees[host.vllm], client_pub, info)
+
+                _parallel(build, planned, workers)
+
+                def start(host: model.SandboxHost) -> model.SandboxHost:
+                    port = impl.start(host, may_move=True)
+                    return host.model_copy(update={"port": port})
+
+                started = _parallel(start, planned, workers)
+                state = state.model_copy(update={"hosts": started})
+                sandbox._save_state(state)
+                sandbox._write_known_hosts(pinned_names=None if pinned else [])
+                sandbox._write_inventory()
+            except BaseException:
+                sandbox._stop_all(impl, workloads=True)
+                raise
+        say(f"{hosts} host(s) up; inventory: {sandbox.inventory_path}")
+        return sandbox
+
+    def _clear_previous(self) -> None:
+        """Refuse to replace a running sandbox; remove the files of a stopped one."""
+        if not self.exists():
+            return
+        running = [s.name for s in self.status() if s.running]
+        if running:
+            raise UsageError(
+                f"a sandbox is already up in {self.dir} ({', '.join(running)}); "
+                f"stop it first: fleet sandbox down --dir {self.dir}"
+            )
+        self.purge()
+
+    def down(self, *, purge: bool = False) -> list[str]:
+        """Stop exactly what ``up`` started; safe to run twice. Returns the hosts stopped."""
+        if not self.exists():
+            if purge:
+                self.purge()
+            return []
+        with _dir_lock(self.dir):
+            stopped = self._stop_all(self.backend(), workloads=True)
+            if purge:
+                self.purge()
+        return stopped
+
+    def _stop_all(self, impl: HostBackend, *, workloads: bool) -> list[str]:
+        stopped = []
+        for host in self.state.hosts:
+            was_running = impl.running(host)
+            impl.stop(host, workloads=workloads)
+            if was_running:
+                stopped.append(host.name)
+        return stopped
+
+    def purge(self) -> None:
+        """Remove the files ``up`` wrote (only those), once nothing runs."""
+        if self.exists():
+            impl = self.backend()
+            for host in self.state.hosts:
+                if impl.running(host):
+                    raise UsageError(f"{host.name} is still running; run fleet sandbox down first")
+                impl.remove(host)
+        for name in (model.INVENTORY_FILE, model.KNOWN_HOSTS_FILE, model.STATE_FILE):
+            (self.dir / name).unlink(missing_ok=True)
+        shutil.rmtree(self.dir / "client", ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (self.dir / "hosts").rmdir()
+        self._state = None
+
+    def status(self) -> list[HostStatus]:
+        impl = self.backend()
+        return [
+            HostStatus(h.name, h.vllm, h.address, h.port, impl.running(h), h.python, h.home)
+            for h in self.state.hosts
+        ]
+
+    def describe(self) -> str:
+        return self.backend().describe()
+
+    # -- files the fleet reads --------------------------------------------------------------
+    def _write_known_hosts(self, pinned_names: Sequence[str] | None) -> None:
+        impl = self.backend()
+        lines = [
+            model.known_hosts_line(h.address, h.port, impl.public_key(h))
+            for h in self.state.hosts
+            if pinned_names is None or h.name in pinned_names
+        ]
+        write_text_atomic(self.known_hosts_path, "".join(line + "\n" for line in lines))
+
+    def _write_inventory(self) -> None:
+        text = model.render_inventory(
+            self.state,
+            ssh_key=str(self.client_key_path),
+            known_hosts=str(self.known_hosts_path),
+        )
+        write_text_atomic(self.inventory_path, text)
+
+    # -- knobs for tests and rehearsals -----------------------------------------------------
+    def pin(self, names: Sequence[str] | None = None) -> None:
+        """Pin the current host keys of ``names`` (default: all) in known_hosts, only those."""
+        self._write_known_hosts(pinned_names=names)
+
+    def unpin(self) -> None:
+        """Empty known_hosts: every host's key is unknown to fleet again."""
+        self._write_known_hosts(pinned_names=[])
+
+    def stop_host(self, name: str) -> None:
+        """Stop one host's sshd (SIGTERM) and its sessions: the host is down."""
+        self.backend().stop(self.host(name))
+
+    def kill_host(self, name: str) -> list[int]:
+        """SIGKILL one host's sshd and its live sessions, as a crash would; returns pids."""
+        return self.backend().stop(self.host(name), kill=True)
+
+    def start_host(self, name: str) -> None:
+        """Start a stopped host again on the same address and port."""
+        self.backend().start(self.host(name))
+
+    def rotate_host_key(self, name: str) -> str:
+        """Give a host a new host key and restart it; known_hosts keeps the old one."""
+        impl = self.backend()
+        host = self.host(name)
+        was_running = impl.running(host)
+        impl.stop(host)
+        new_key = impl.rotate_key(host)
+        if was_running:
+            impl.start(host)
+        return new_key
+
+    def running(self, name: str) -> bool:
+        return self.backend().running(self.host(name))
+
+    def sshd_log(self, name: str) -> str:
+        return self.backend().log_text(self.host(name))
+
+    def connection_count(self, name: str, *, since: int = 0) -> int:
+        """TCP connections the host's sshd accepted (from its log, after offset ``since``)."""
+        return model.count_connections(self.sshd_log(name)[since:])
+
+    def login_count(self, name: str, *, since: int = 0) -> int:
+        return model.count_logins(self.sshd_log(name)[since:])
+
+    def log_marks(self) -> dict[str, int]:
+        """Current length of every host's sshd log: pass one as ``since=`` to count later events."""
+        return {h.name: len(self.sshd_log(h.name)) for h in self.state.hosts}
+
+    def fleet_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["FLEET_INVENTORY"] = str(self.inventory_path)
+        return env
+
+    def run_fleet(
+        self, *args: str, timeout: float = 120.0, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``fleet --inventory DIR/inventory.yaml ARGS...`` as a real process."""
+        cmd = [sys.executable, "-m", "fleet", "--inventory", str(self.inventory_path), *args]
+        return subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.fleet_env(),
+            input=input,
+            check=False,
+        )
+
+
+def _parallel(fn: Callable[[Any], Any], items: Sequence[Any], workers: int) -> list[Any]:
+    if len(items) <= 1 or workers <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def _vllm_trees(versions: Sequence[str], say: Progress) -> dict[str, Path]:
+    from fleet.sandbox.vllm_source import vllm_tree
+
+    trees: dict[str, Path] = {}
+    for version in versions:
+        say(f"vLLM {version}: real source from the wheel (cached after the first download)")
+        try:
+            trees[version] = vllm_tree(version)
+        except OperationFailed:
+            raise
+        except OSError as exc:
+            raise OperationFailed(f"vLLM {version}: could not unpack the wheel: {exc}") from exc
+    return trees
+
+
+def _client_key(path: Path) -> str:
+    from fleet.sandbox.local import generate_keypair
+
+    return generate_keypair(path, "fleet-sandbox-client")

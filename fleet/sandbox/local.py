@@ -1,0 +1,403 @@
+"""Local backend: every rehearsal host is a real OpenSSH ``sshd`` run as the current user.
+
+Per host, under ``DIR/hosts/<name>/``::
+
+    sshd_config  ssh_host_ed25519_key(.pub)  authorized_keys  session.sh
+    sshd.pid       written by sshd once its socket is bound (our readiness signal)
+    listener.json  {"pid", "start"}: what ``down`` stops, checked by start time
+    sshd.log       sshd's own log (LogLevel VERBOSE: one "Connection from" per connection)
+    home/          the host's home: ml-env/ (vLLM files), bin/nvidia-smi, .fleet-sandbox/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import venv
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from fleet.errors import OperationFailed
+from fleet.sandbox import model
+from fleet.sandbox.procs import ProcessRecord, environ_of, stop_tree
+
+SBIN_DIRS = (
+    "/usr/sbin",
+    "/usr/local/sbin",
+    "/sbin",
+    "/opt/homebrew/sbin",
+    "/usr/local/opt/openssh/sbin",
+)
+SFTP_SERVERS = (
+    "/usr/lib/openssh/sftp-server",
+    "/usr/libexec/openssh/sftp-server",
+    "/usr/libexec/sftp-server",
+    "/usr/lib/ssh/sftp-server",
+    "/usr/local/libexec/sftp-server",
+    "/opt/homebrew/libexec/sftp-server",
+)
+START_TIMEOUT = 15.0
+PORT_ATTEMPTS = 6
+
+# sshd processes this Python process started: reaped when they stop (no zombies).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def find_sshd() -> Path:
+    """The absolute path of OpenSSH's server (sshd refuses to re-exec from a relative one)."""
+    found = shutil.which("sshd")
+    candidates = [found] if found else []
+    candidates += [os.path.join(d, "sshd") for d in SBIN_DIRS]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate).resolve()
+    raise OperationFailed(
+        "OpenSSH server (sshd) not found; install it (Debian/Ubuntu: openssh-server) "
+        "or run the README's test command, which installs it"
+    )
+
+
+def find_sftp_server(sshd: Path) -> Path | None:
+    subdirs = ("lib/openssh", "libexec/openssh", "libexec")
+    near = [sshd.parent.parent / sub / "sftp-server" for sub in subdirs]
+    for candidate in [*map(Path, SFTP_SERVERS), *near]:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def openssh_version(sshd: Path) -> str:
+    proc = subprocess.run([str(sshd), "-V"], capture_output=True, text=True, check=False)
+    return model.parse_openssh_version(proc.stderr + proc.stdout) or "OpenSSH (unknown version)"
+
+
+def generate_keypair(path: Path, comment: str) -> str:
+    """Write an ed25519 key pair (OpenSSH format, private key mode 0600); return the public line."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    ).decode() + f" {comment}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(private)
+    os.replace(tmp, path)
+    write_text_atomic(path.with_name(path.name + ".pub"), public + "\n", mode=0o644)
+    return public
+
+
+def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: never half-written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def reserved_ports(address: str, count: int) -> Iterator[list[int]]:
+    """``count`` distinct free TCP ports on ``address`` (held open until the block ends)."""
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((address, 0))
+            ports.append(int(sock.getsockname()[1]))
+        yield ports
+
+
+def free_port(address: str) -> int:
+    with reserved_ports(address, 1) as ports:
+        return ports[0]
+
+
+def account_locked(user: str) -> bool:
+    """True if sshd (without PAM) would refuse ``user`` as locked: '!' in /etc/shadow.
+
+    Only root can read the shadow file; an unprivileged sshd cannot either and skips the check.
+    """
+    if os.geteuid() != 0:
+        return False
+    try:
+        lines = Path("/etc/shadow").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split(":")
+        if len(fields) > 1 and fields[0] == user:
+            return fields[1].startswith("!")
+    return False
+
+
+class LocalBackend:
+    """Rehearsal hosts as local sshd processes under ``root`` (the sandbox directory)."""
+
+    name = "local"
+
+    def __init__(self, root: Path, user: str) -> None:
+        self.root = root
+        self.user = user
+        self.login_user = user  # sshd runs as the current user and lets only that user in
+        self._sshd: Path | None = None
+
+    # -- paths -----------------------------------------------------------------------
+    def host_dir(self, name: str) -> Path:
+        return self.root / "hosts" / name
+
+    def home(self, name: str) -> Path:
+        return self.host_dir(name) / "home"
+
+    def log_path(self, name: str) -> Path:
+        return self.host_dir(name) / "sshd.log"
+
+    @property
+    def sshd(self) -> Path:
+        if self._sshd is None:
+            self._sshd = find_sshd()
+        return self._sshd
+
+    def describe(self) -> str:
+        return f"local sshd ({openssh_version(self.sshd)}, {self.sshd})"
+
+    def plan_host(self, name: str, vllm: str, port: int) -> model.SandboxHost:
+        home = self.home(name)
+        return model.SandboxHost(
+            name=name,
+            vllm=vllm,
+            address=model.ADDRESS,
+            port=port,
+            home=str(home),
+            python=str(home / model.ENV_DIR / "bin" / "python"),
+        )
+
+    # -- building a host ---------------------------------------------------------------
+    def prepare(
+        self, host: model.SandboxHost, tree: Path, client_public_key: str, info: dict[str, Any]
+    ) -> None:
+        """Create the host's home (vLLM env, nvidia-smi), host key and sshd files."""
+        hdir = self.host_dir(host.name)
+        home = Path(host.home)
+        hdir.mkdir(parents=True, exist_ok=True)
+        build_home(home, tree, info)
+        generate_keypair(hdir / "ssh_host_ed25519_key", f"fleet-sandbox-host-{host.name}")
+        write_text_atomic(hdir / "authorized_keys", client_public_key.strip() + "\n", mode=0o600)
+        write_text_atomic(hdir / "session.sh", model.SESSION_WRAPPER, mode=0o755)
+
+    def public_key(self, host: model.SandboxHost) -> str:
+        return (self.host_dir(host.name) / "ssh_host_ed25519_key.pub").read_text().strip()
+
+    def rotate_key(self, host: model.SandboxHost) -> str:
+        """A new host key (the next start serves it); returns the new public key."""
+        return generate_keypair(
+            self.host_dir(host.name) / "ssh_host_ed25519_key",
+            f"fleet-sandbox-host-{host.name}-rotated",
+        )
+
+    def _write_config(self, host: model.SandboxHost, port: int) -> Path:
+        hdir = self.host_dir(host.name)
+        sftp = find_sftp_server(self.sshd)
+        path = ":".join(
+            [str(Path(host.home) / "bin"), "/usr/local/sbin", "/usr/local/bin", "/usr/sbin",
+             "/usr/bin", "/sbin", "/bin"]
+        )
+        text = model.render_sshd_config(
+            port=port,
+            address=host.address,
+            host_key=str(hdir / "ssh_host_ed25519_key"),
+            pid_file=str(hdir / "sshd.pid"),
+            authorized_keys=str(hdir / "authorized_keys"),
+            user=self.user,
+            home=host.home,
+            path=path,
+            session_wrapper=str(hdir / "session.sh"),
+            sftp_server=str(sftp) if sftp else None,
+            use_pam=account_locked(self.user),
+        )
+        cfg = hdir / "sshd_config"
+        write_text_atomic(cfg, text, mode=0o600)
+        return cfg
+
+    # -- running -------------------------------------------------------------------------
+    def record(self, host: model.SandboxHost) -> ProcessRecord | None:
+        """The listener sshd of ``host`` if it is running (pid file + start time agree)."""
+        try:
+            text = (self.host_dir(host.name) / "listener.json").read_text()
+        except OSError:
+            return None
+        record = ProcessRecord.from_json(text)
+        return record if record and record.alive() else None
+
+    def running(self, host: model.SandboxHost) -> bool:
+        return self.record(host) is not None
+
+    def start(self, host: model.SandboxHost, *, may_move: bool = False) -> int:
+        """Start ``host``'s sshd; return its port. ``may_move``: pick another port if taken."""
+        if self.running(host):
+            return host.port
+        port = host.port or free_port(host.address)
+        created_privsep = False
+        for _attempt in range(PORT_ATTEMPTS):
+            ok, log_text = self._spawn(host, port)
+            if ok:
+                return port
+            missing = model.sshd_missing_privsep_dir(log_text)
+            if missing and not created_privsep and os.geteuid() == 0:
+                # sshd run by root wants its (empty) privilege-separation directory.
+                Path(missing).mkdir(mode=0o755, parents=True, exist_ok=True)
+                created_privsep = True
+                continue
+            if model.sshd_bind_failed(log_text) and may_move:
+                port = free_port(host.address)
+                continue
+            raise OperationFailed(
+                f"{host.name}: sshd did not start on {host.address}:{port}: "
+                f"{model.sshd_error_line(log_text)} (log: {self.log_path(host.name)})"
+            )
+        raise OperationFailed(f"{host.name}: sshd found no free port on {host.address}")
+
+    def _spawn(self, host: model.SandboxHost, port: int) -> tuple[bool, str]:
+        hdir = self.host_dir(host.name)
+        cfg = self._write_config(host, port)
+        pid_file = hdir / "sshd.pid"
+        pid_file.unlink(missing_ok=True)
+        log_path = self.log_path(host.name)
+        offset = log_path.stat().st_size if log_path.exists() else 0
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [str(self.sshd), "-D", "-f", str(cfg), "-E", str(log_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=hdir,
+                start_new_session=True,
+                close_fds=True,
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            try:
+                if int(pid_file.read_text().strip() or 0) == proc.pid:
+                    record = ProcessRecord.of(proc.pid)
+                    if record is not None:
+                        _CHILDREN[proc.pid] = proc
+                        write_text_atomic(hdir / "listener.json", record.to_json() + "\n")
+                        return True, ""
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.01)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        with open(log_path, "rb") as fh:
+            fh.seek(offset)
+            return False, fh.read().decode(errors="replace")
+
+    def stop(
+        self, host: model.SandboxHost, *, kill: bool = False, workloads: bool = False
+    ) -> list[int]:
+        """Stop the listener sshd of ``host`` and every process below it.
+
+        ``kill``: SIGKILL at once (a crash, for tests). ``workloads``: also stop processes
+        registered in ``home/.fleet-sandbox/run/*.pid`` that run in this host's home.
+        """
+        hdir = self.host_dir(host.name)
+        stopped: list[int] = []
+        record = self.record(host)
+        if record is not None:
+            stopped += stop_tree(record, kill=kill)
+            proc = _CHILDREN.pop(record.pid, None)
+            if proc is not None:
+                proc.wait(timeout=5)
+        (hdir / "listener.json").unlink(missing_ok=True)
+        if workloads:
+            stopped += stop_workloads(Path(host.home))
+        return stopped
+
+    def log_text(self, host: model.SandboxHost) -> str:
+        try:
+            return self.log_path(host.name).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def remove(self, host: model.SandboxHost) -> None:
+        shutil.rmtree(self.host_dir(host.name), ignore_errors=True)
+
+
+def stop_workloads(home: Path) -> list[int]:
+    """Stop the processes a host registered in ``home/.fleet-sandbox/run/*.pid``.
+
+    A pid is signalled only if that process's environment has ``HOME`` set to this host's
+    home (every process started over the sandbox's ssh has): a recycled pid is left alone.
+    """
+    stopped: list[int] = []
+    run_dir = home / ".fleet-sandbox" / "run"
+    for pid_file in sorted(run_dir.glob("*.pid")) if run_dir.is_dir() else []:
+        try:
+            pid = int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        env = environ_of(pid)
+        record = ProcessRecord.of(pid)
+        if record is None or env is None or env.get("HOME") != str(home):
+            continue
+        stopped += stop_tree(record)
+        pid_file.unlink(missing_ok=True)
+    return stopped
+
+
+def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:
+    """A rehearsal host's home: ``ml-env`` holding the real vLLM files, ``bin/nvidia-smi``."""
+    env = home / model.ENV_DIR
+    venv.EnvBuilder(with_pip=False, symlinks=(os.name != "nt"), clear=True).create(env)
+    site = Path(model.site_packages(str(env), sys.version_info[:2]))
+    site.mkdir(parents=True, exist_ok=True)
+    for item in sorted(tree.iterdir()):
+        if item.name == "vllm" or item.name.endswith(".dist-info"):
+            shutil.copytree(item, site / item.name, dirs_exist_ok=True)
+    install_nvidia_smi(home, python=str(env / "bin" / "python"))
+    write_text_atomic(home / ".fleet-sandbox" / "host.json", json.dumps(info, indent=2) + "\n")
+    (home / ".fleet-sandbox" / "run").mkdir(parents=True, exist_ok=True)
+
+
+def install_nvidia_smi(home: Path, *, python: str) -> Path:
+    """``home/bin/nvidia-smi``: a sh launcher running the stand-in with the host's Python."""
+    from fleet.sandbox import nvidia_smi
+
+    script = home / ".fleet-sandbox" / "nvidia_smi.py"
+    write_text_atomic(script, Path(nvidia_smi.__file__).read_text(encoding="utf-8"))
+    launcher = home / "bin" / "nvidia-smi"
+    write_text_atomic(
+        launcher,
+        "#!/bin/sh\n# fleet sandbox stand-in for NVIDIA's nvidia-smi (8 x NVIDIA B200)\n"
+        f"exec {shlex.quote(python)} {shlex.quote(str(script))} \"$@\"\n",
+        mode=0o755,
+    )
+    return launcher
