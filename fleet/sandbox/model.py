@@ -24,7 +24,8 @@ DEFAULT_DIR = ".sandbox"
 STATE_FILE = "sandbox.json"
 INVENTORY_FILE = "inventory.yaml"
 KNOWN_HOSTS_FILE = "known_hosts"
-HOST_NAME_PREFIX = "b200-"
+HOST_NAME_PREFIX = "sandbox-"
+SANDBOX_GROUP = "sandbox"
 ADDRESS = "127.0.0.1"
 ENV_DIR = "ml-env"  # the vLLM environment inside a host's home, as on real hosts
 
@@ -202,15 +203,20 @@ def known_hosts_line(address: str, port: int, public_key: str) -> str:
 def render_inventory(
     state: SandboxState, *, ssh_key: str, known_hosts: str
 ) -> str:
-    """``DIR/inventory.yaml`` (the DESIGN's Ansible-style contract), one group per version."""
-    children: dict[str, dict[str, dict[str, dict[str, object]]]] = {}
+    """``DIR/inventory.yaml`` (the DESIGN's Ansible-style contract).
+
+    Every host sits in group ``sandbox`` (in order, with its variables) and in the group of
+    its vLLM version (``vllm_0_17_0``), so ``--host vllm_0_18_0`` selects by version.
+    """
+    hosts: dict[str, dict[str, object]] = {
+        h.name: {"address": h.address, "port": h.port, "python": h.python} for h in state.hosts
+    }
+    children: dict[str, dict[str, dict[str, dict[str, object]]]] = {
+        SANDBOX_GROUP: {"hosts": hosts}
+    }
     for host in state.hosts:
         group = children.setdefault(group_name(host.vllm), {"hosts": {}})
-        group["hosts"][host.name] = {
-            "address": host.address,
-            "port": host.port,
-            "python": host.python,
-        }
+        group["hosts"][host.name] = {}
     doc = {
         "all": {
             "vars": {"user": state.user, "ssh_key": ssh_key, "known_hosts": known_hosts},
@@ -219,8 +225,9 @@ def render_inventory(
     }
     header = (
         f"# fleet sandbox inventory, written by `fleet sandbox up` ({len(state.hosts)} hosts,"
-        f" {state.backend} sshd).\n"
-        "# Groups: one per vLLM version; `--host all` selects every host.\n"
+        f" {state.backend} backend).\n"
+        f"# Groups: {SANDBOX_GROUP} (every host) and one per vLLM version"
+        f" ({', '.join(group_name(v) for v in dict.fromkeys(h.vllm for h in state.hosts))}).\n"
     )
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 
