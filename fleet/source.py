@@ -45,6 +45,7 @@ FIND_VLLM = (
 )
 
 _RANGE = re.compile(r"^(?P<start>\d+)(?:(?P<dash>-)(?P<end>\d*))?$")
+_RANGE_LIKE = re.compile(r"^[\d\s,-]*$")  # what follows the last ':' is meant as a range
 
 
 class PathEscapesTree(UsageError):
@@ -100,8 +101,8 @@ def check_relative(path: str, what: str = "path") -> str:
         raise UsageError(f"{what} {path!r} contains a NUL or newline character")
     if path.startswith("/") or path.startswith("~"):
         raise UsageError(
-            f"{what} {path!r} is absolute; give it relative to the vLLM package directory "
-            "(e.g. model_executor/models/deepseek_v2.py)"
+            f"{what} {path!r} is outside the vLLM tree: give it relative to the vLLM package "
+            "directory (e.g. model_executor/models/deepseek_v2.py)"
         )
     if ".." in path.split("/"):
         raise UsageError(f"{what} {path!r} leaves the vLLM tree ('..' is not allowed)")
@@ -109,10 +110,12 @@ def check_relative(path: str, what: str = "path") -> str:
 
 
 def parse_file_spec(text: str) -> FileSpec:
-    """``FILE``, ``FILE:A``, ``FILE:A-B`` or ``FILE:A-`` (lines numbered from 1)."""
+    """``FILE``, ``FILE:A``, ``FILE:A-B`` or ``FILE:A-`` (lines numbered from 1).
+
+    A ``:`` followed by something other than digits and dashes is part of the name."""
     path, start, end = text, 1, None
     head, sep, tail = text.rpartition(":")
-    if sep and head:
+    if sep and head and _RANGE_LIKE.match(tail):
         match = _RANGE.match(tail)
         if match is None:
             raise UsageError(
