@@ -115,7 +115,7 @@ def parse_file_spec(text: str) -> FileSpec:
     A ``:`` followed by something other than digits and dashes is part of the name."""
     path, start, end = text, 1, None
     head, sep, tail = text.rpartition(":")
-    if sep and head and _RANGE_LIKE.match(tail):
+    if sep and _RANGE_LIKE.match(tail):
         match = _RANGE.match(tail)
         if match is None:
             raise UsageError(
