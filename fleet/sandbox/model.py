@@ -265,12 +265,14 @@ def sshd_missing_privsep_dir(log_text: str) -> str | None:
 
 
 def sshd_error_line(log_text: str) -> str:
-    """The line that best explains why sshd did not start."""
+    """The line that best explains why sshd did not start (the first specific complaint)."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if any(w in line.lower() for w in ("fatal", "error", "cannot", "failed", "missing",
-                                           "bad ", "unsupported", "invalid")):
-            return line
+    words = ("fatal", "error", "cannot", "failed", "missing", "bad ", "unsupported", "invalid",
+             "permission", "no such", "not ")
+    complaints = [line for line in lines if any(w in line.lower() for w in words)]
+    specific = [line for line in complaints if "terminating" not in line.lower()]
+    if specific or complaints:
+        return (specific or complaints)[0]
     return lines[-1] if lines else "sshd exited without a message"
 
 

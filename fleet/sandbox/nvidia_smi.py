@@ -177,8 +177,11 @@ def _csv(
 ) -> str:
     lines = []
     if header:
+        # nvidia-smi heads each column with the field's canonical name (gpu_name -> name)
         lines.append(
-            ", ".join(f"{n} [{table[n][1]}]" if table[n][1] else n for n in names)
+            ", ".join(
+                f"{table[n][0]} [{table[n][1]}]" if table[n][1] else table[n][0] for n in names
+            )
         )
     for row in rows:
         lines.append(", ".join(_fmt(row[table[n][0]], table[n][1], units) for n in names))
