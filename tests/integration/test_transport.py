@@ -1,0 +1,219 @@
+"""The transport against real sshd hosts: ping, the trust flow, quoting, host down,
+sshd killed mid-run, ProxyJump through a bastion, one connection per host, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fleet.inventory import load_inventory
+from fleet.sandbox.core import Sandbox
+from fleet.transport import Session, fan_out
+
+pytestmark = pytest.mark.integration
+
+
+def test_ping_all(shared_sandbox: Sandbox) -> None:
+    proc = shared_sandbox.run_fleet("ping", "--host", "all", "--json")
+    assert proc.returncode == 0, proc.stderr
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert set(hosts) == {h.name for h in shared_sandbox.hosts}
+    for row in hosts.values():
+        assert row["ok"] is True and row["host_key"] == "pinned"
+        assert row["latency_ms"] > 0
+
+
+@pytest.mark.sandbox(hosts=2, vllm=("0.17.0",), pinned=False)
+def test_trust_flow(sandbox: Sandbox) -> None:
+    first, second = (h.name for h in sandbox.hosts)
+    kh = sandbox.known_hosts_path
+
+    # unknown keys are refused, and the message names `fleet trust`
+    proc = sandbox.run_fleet("ping", "--host", first)
+    assert proc.returncode == 3
+    assert "not pinned" in proc.stdout and f"fleet trust --host {first} --accept-new" in proc.stdout
+
+    # trust without --accept-new only reports
+    before = kh.read_text() if kh.exists() else ""
+    proc = sandbox.run_fleet("trust", "--host", "all", "--json")
+    assert proc.returncode == 3
+    assert {r["status"] for r in json.loads(proc.stdout)["hosts"].values()} == {"unknown"}
+    assert (kh.read_text() if kh.exists() else "") == before
+
+    # --accept-new pins them, and the keys match what sshd really has (ssh-keygen -l)
+    proc = sandbox.run_fleet("trust", "--host", "all", "--accept-new", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(proc.stdout)["hosts"]
+    assert {r["status"] for r in rows.values()} == {"added"}
+    assert sandbox.run_fleet("ping", "--host", "all").returncode == 0
+
+    # a second trust finds them pinned and writes nothing
+    pinned_text = kh.read_text()
+    proc = sandbox.run_fleet("trust", "--host", "all", "--accept-new", "--json")
+    assert {r["status"] for r in json.loads(proc.stdout)["hosts"].values()} == {"pinned"}
+    assert kh.read_text() == pinned_text
+
+    # a changed key is refused, and --accept-new never replaces it
+    sandbox.rotate_host_key(second)
+    proc = sandbox.run_fleet("ping", "--host", "all", "--json")
+    assert proc.returncode == 3
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert hosts[first]["ok"] is True
+    assert hosts[second]["ok"] is False and hosts[second]["host_key"] == "changed"
+    proc = sandbox.run_fleet("trust", "--host", second, "--accept-new", "--json")
+    assert proc.returncode == 3
+    assert json.loads(proc.stdout)["hosts"][second]["status"] == "changed"
+    assert kh.read_text() == pinned_text
+
+
+NASTY = ["a b", "it's", 'say "hi"', "x;touch {m}", "$(touch {m})", "`touch {m}`", "*", "|", ">x"]
+
+
+def test_remote_arguments_are_inert(shared_sandbox: Sandbox, tmp_path: Path) -> None:
+    host = shared_sandbox.hosts[0]
+    marker = Path(host.home) / "pwned"
+    args = [a.format(m=marker) for a in NASTY]
+    inv = load_inventory(shared_sandbox.inventory_path)
+    with Session(inv) as session:
+        conn = session.connect(inv.hosts[host.name])
+        res = conn.run(["printf", "%s\\n", *args], timeout=30)
+        res_stdin = conn.run(["cat"], stdin="".join(a + "\n" for a in args), timeout=30)
+    assert res.ok and res.stdout.splitlines() == args
+    assert res_stdin.stdout.splitlines() == args
+    assert not marker.exists()
+
+
+def test_one_connection_per_host_per_run(shared_sandbox: Sandbox) -> None:
+    inv = load_inventory(shared_sandbox.inventory_path)
+    marks = shared_sandbox.log_marks()
+    hosts = list(inv.hosts.values())
+    with Session(inv) as session:
+        for _ in range(3):
+            outcomes = fan_out(session, hosts, lambda c: c.run(["hostname"]).check().stdout)
+            assert all(o.ok for o in outcomes)
+        assert session.opened == {h.name: 1 for h in hosts}
+    for h in hosts:
+        assert shared_sandbox.connection_count(h.name, since=marks[h.name]) == 1
+
+
+@pytest.mark.sandbox(hosts=3, vllm=("0.17.0",))
+def test_one_host_down(sandbox: Sandbox) -> None:
+    down = sandbox.hosts[1].name
+    sandbox.stop_host(down)
+    started = time.monotonic()
+    proc = sandbox.run_fleet("ping", "--host", "all", "--json")
+    assert proc.returncode == 3
+    hosts = json.loads(proc.stdout)["hosts"]
+    assert hosts[down]["ok"] is False and hosts[down]["status"] == "unreachable"
+    assert "connection refused" in hosts[down]["error"]
+    assert all(hosts[h.name]["ok"] for h in sandbox.hosts if h.name != down)
+    # retried with backoff, but bounded (3 attempts: 0.5 s + 1 s of waiting)
+    assert time.monotonic() - started < 60
+    # people get a table and one line for the host that is down
+    proc = sandbox.run_fleet("ping", "--host", "all")
+    assert proc.returncode == 3 and f"{down}: cannot connect" in proc.stdout
+
+
+@pytest.mark.sandbox(hosts=3, vllm=("0.17.0",))
+def test_sshd_killed_mid_run(sandbox: Sandbox) -> None:
+    inv = load_inventory(sandbox.inventory_path)
+    victim = sandbox.hosts[2].name
+    hosts = list(inv.hosts.values())
+    with Session(inv) as session:
+        for h in hosts:
+            session.connect(h)
+        killer = threading.Timer(1.0, sandbox.kill_host, args=(victim,))
+        killer.start()
+        outcomes = fan_out(session, hosts, lambda c: c.run("sleep 3; echo done", timeout=30).stdout)
+        killer.join()
+    by = {o.host: o for o in outcomes}
+    assert by[victim].status == "unreachable"
+    assert "connection lost" in (by[victim].error or "")
+    for h in hosts:
+        if h.name != victim:
+            assert by[h.name].ok and by[h.name].value == "done\n"
+
+
+@pytest.mark.sandbox(hosts=2, vllm=("0.17.0",))
+def test_jump_host(sandbox: Sandbox, tmp_path: Path) -> None:
+    bastion, target = sandbox.hosts[0], sandbox.hosts[1]
+    data = yaml.safe_load(sandbox.inventory_path.read_text())
+    inv_path = tmp_path / "inventory.yaml"
+
+    def set_jump(node: dict) -> bool:  # type: ignore[type-arg]
+        hosts = node.get("hosts") or {}
+        if target.name in hosts:
+            hosts[target.name] = {**(hosts[target.name] or {}), "jump": bastion.name}
+            return True
+        return any(set_jump(child) for child in (node.get("children") or {}).values())
+
+    assert set_jump(data["all"])
+    inv_path.write_text(yaml.safe_dump(data))
+    marks = sandbox.log_marks()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleet",
+            "--inventory",
+            str(inv_path),
+            "ping",
+            "--host",
+            target.name,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the target saw its connection arrive through the bastion's sshd
+    assert sandbox.connection_count(bastion.name, since=marks[bastion.name]) == 1
+    assert sandbox.connection_count(target.name, since=marks[target.name]) == 1
+
+
+def test_ctrl_c_closes_every_connection(shared_sandbox: Sandbox) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from fleet.inventory import load_inventory
+        from fleet.transport import Session, fan_out
+        inv = load_inventory({str(shared_sandbox.inventory_path)!r})
+        session = Session(inv)
+        try:
+            fan_out(session, list(inv.hosts.values()),
+                    lambda c: (print("started", flush=True), c.run("sleep 60")))
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+        """
+    )
+    marks = shared_sandbox.log_marks()
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for _ in shared_sandbox.hosts:
+        assert proc.stdout.readline().strip() == "started"
+    time.sleep(0.5)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and "interrupted" in out
+    assert time.monotonic() - started < 10
+    # every host logged the disconnect (sshd writes it when the client closes)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        logs = [shared_sandbox.sshd_log(h.name)[marks[h.name] :] for h in shared_sandbox.hosts]
+        if all("Disconnected from" in text or "Connection closed" in text for text in logs):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("not every host saw the connection closed")
