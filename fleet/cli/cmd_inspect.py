@@ -71,11 +71,10 @@ def _mark(value: bool | None) -> str:
 
 
 def eagle3_cell(facts: HostFacts) -> str:
-    if not facts.vllm.installed:
+    """One mark per class of EAGLE3_CLASSES, in order (V2 V3 K2.5)."""
+    if not facts.vllm.installed or not facts.vllm.eagle3:
         return "-"
-    return " ".join(
-        f"{SHORT_CLASS.get(cls, cls)} {_mark(value)}" for cls, value in facts.vllm.eagle3.items()
-    )
+    return " ".join(_mark(value) for value in facts.vllm.eagle3.values())
 
 
 def allowlist_cell(facts: HostFacts) -> str:
@@ -83,8 +82,10 @@ def allowlist_cell(facts: HostFacts) -> str:
     if allow is None:
         return "-"
     if not allow.present:
-        return "[dim]none[/]"
-    return f"deepseek {_mark(allow.deepseek)} kimi {_mark(allow.kimi)}"
+        return "[dim]no check[/]"
+    if allow.deepseek == allow.kimi:
+        return _mark(allow.deepseek)
+    return "deepseek only" if allow.deepseek else "kimi only"
 
 
 def _gib(n: int) -> str:
@@ -100,7 +101,9 @@ def servers_cell(facts: HostFacts) -> str:
 
 
 def disk_cell(facts: HostFacts) -> str:
-    return ", ".join(f"{key} {_gib(d.free_bytes)}" for key, d in facts.disk.items()) or "-"
+    """Free space where vLLM lives (else in the home directory)."""
+    disk = facts.disk.get("vllm") or facts.disk.get("home")
+    return _gib(disk.free_bytes) if disk else "-"
 
 
 def vllm_cell(facts: HostFacts) -> str:
@@ -119,24 +122,54 @@ def gpu_cell(facts: HostFacts) -> str:
     return gpu_summary(facts.gpus)
 
 
-def render_outcomes(outcomes: list[HostOutcome[HostFacts]], details: bool) -> None:
-    from fleet.cli.render import print_outcomes
+STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "bold red"}
 
-    print_outcomes(
-        outcomes,
-        ["GPUs", "driver", "Python", "vLLM", "EAGLE-3", "allowlist", "servers", "disk free"],
-        lambda f: [
-            gpu_cell(f),
-            f.driver or "-",
-            f.python or "-",
-            vllm_cell(f),
-            eagle3_cell(f),
-            allowlist_cell(f),
-            servers_cell(f),
-            disk_cell(f),
-        ],
-        title="fleet inspect",
-    )
+
+def render_outcomes(outcomes: list[HostOutcome[HostFacts]], details: bool) -> None:
+    """A table (one row per host; the key facts never truncated), a legend, one line per
+    failed host with its error and next step, then with ``details`` a panel per host."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    from fleet.cli.render import console
+
+    table = Table(title="fleet inspect", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("host", no_wrap=True)
+    table.add_column("GPUs / driver", overflow="fold", min_width=12)
+    table.add_column("Python", no_wrap=True)
+    table.add_column("vLLM", no_wrap=True)
+    table.add_column("EAGLE-3", no_wrap=True)
+    table.add_column("allowlist", no_wrap=True)
+    table.add_column("servers", overflow="fold")
+    for o in outcomes:
+        name = f"[{STATUS_STYLE[o.status]}]{escape(o.host)}[/]"
+        f = o.value
+        if o.ok and f is not None:
+            gpus = gpu_cell(f) + (f"\n[dim]{escape(f.driver)}[/]" if f.driver else "")
+            table.add_row(
+                name, gpus, escape(f.python or "-"), vllm_cell(f), eagle3_cell(f),
+                allowlist_cell(f), servers_cell(f),
+            )
+        else:
+            table.add_row(name, f"[{STATUS_STYLE[o.status]}]{o.status}[/]", *(["-"] * 5))
+    ok = sum(o.ok for o in outcomes)
+    table.caption = f"{ok}/{len(outcomes)} ok"
+    out = console()
+    out.print(table)
+    if ok:
+        out.print(
+            "[dim]EAGLE-3: " + " ".join(SHORT_CLASS) + "; allowlist: whether the "
+            "config-time EAGLE-3 check admits DeepSeek/Kimi. Details: --details or -v.[/]"
+        )
+    for o in outcomes:
+        if not o.ok:
+            out.print(
+                f"[{STATUS_STYLE[o.status]}]{escape(o.host)}[/]: {escape(o.error or '')}",
+                soft_wrap=True,
+            )
+            if o.hint:
+                out.print(f"  [dim]next:[/] {escape(o.hint)}", soft_wrap=True)
     if details:
         for o in outcomes:
             if o.ok and o.value is not None:
@@ -152,7 +185,7 @@ def render_host(name: str, facts: HostFacts) -> None:
 
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
+    grid.add_column(overflow="fold")
     grid.add_row("hostname", escape(facts.hostname or "-"))
     gpus = gpu_cell(facts)
     if facts.gpus:

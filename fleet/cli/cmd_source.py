@@ -125,7 +125,8 @@ def _print_shown(outcomes: list[HostOutcome[ShownFile | Refused]], label: str) -
     for key, names in groups.items():
         value = shown[key]
         width = len(str(value.lines[-1][0])) if value.lines else 1
-        click.echo(f"==> {', '.join(names)}: {value.file} <==")
+        end = value.lines[-1][0] if value.lines else value.start
+        click.echo(f"==> {', '.join(names)}: {value.path}:{value.start}-{end} <==")
         if not value.lines:
             click.echo(f"(no lines in {label}; the file has {value.total_lines} lines)")
         for number, text in value.lines:
@@ -215,5 +216,11 @@ def grep(
                 )
             for warning in value.warnings:
                 click.echo(f"{o.host}: warning: {warning}", err=True)
+        searched = [
+            o.value for o in outcomes if o.ok and o.value is not None
+            and not isinstance(o.value, Refused)
+        ]
+        if searched and not any(r.matches for r in searched):
+            click.echo(f"no matches on {len(searched)} host(s)", err=True)
         _echo_failures(outcomes)
     return _finish(outcomes)
