@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import venv
 from collections.abc import Iterator
@@ -105,15 +106,17 @@ def generate_keypair(path: Path, comment: str) -> str:
 
 
 def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: never half-written."""
+    """Write ``text`` to ``path`` through a temporary file and a rename: never half-written.
+
+    (No fsync: these are rehearsal files; readers must never see a partial file, but
+    surviving a power cut is not needed.)
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
