@@ -217,3 +217,32 @@ def test_ctrl_c_closes_every_connection(shared_sandbox: Sandbox) -> None:
         time.sleep(0.2)
     else:
         pytest.fail("not every host saw the connection closed")
+
+
+def test_ssh_config_is_honoured(shared_sandbox: Sandbox, tmp_path: Path) -> None:
+    host = shared_sandbox.hosts[0]
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        f"Host gpu-alias\n    HostName {host.address}\n    Port {host.port}\n"
+        f"    IdentityFile {shared_sandbox.client_key_path}\n"
+    )
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": {"known_hosts": str(shared_sandbox.known_hosts_path)},
+                    "hosts": {"gpu-alias": {"python": host.python}},
+                }
+            }
+        )
+    )
+    env = {**shared_sandbox.fleet_env(), "FLEET_SSH_CONFIG": str(ssh_config)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fleet", "--inventory", str(inv), "ping", "--host", "gpu-alias"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
