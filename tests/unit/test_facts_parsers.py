@@ -325,3 +325,15 @@ def test_vllm_not_installed() -> None:
 def test_bad_documents(stdout: str) -> None:
     with pytest.raises(FactsError):
         extract_document(stdout)
+
+
+@pytest.mark.parametrize(("version", "supported"), [("0.17.0", False), ("0.18.0", True)])
+def test_recorded_sandbox_documents(version: str, supported: bool) -> None:
+    facts = parse_facts(fixture_json(f"documents/sandbox-{version}.json"))
+    assert facts.errors == {}
+    assert facts.vllm.version == version
+    assert facts.vllm.eagle3 == {cls: supported for cls in EAGLE3_CLASSES}
+    assert facts.vllm.eagle3_allowlist is not None
+    assert facts.vllm.eagle3_allowlist.deepseek is supported
+    assert gpu_summary(facts.gpus) == "8 × NVIDIA B200 (179 GiB)"
+    assert not facts.supervisors.systemd  # recorded in a container: PID 1 is not systemd
