@@ -21,6 +21,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -380,6 +381,22 @@ class Sandbox:
     def log_marks(self) -> dict[str, int]:
         """Current length of every host's sshd log: pass one as ``since=`` to count later events."""
         return {h.name: len(self.sshd_log(h.name)) for h in self.state.hosts}
+
+    def wait_for_log(
+        self, name: str, needle: str, *, since: int = 0, timeout: float = 30.0
+    ) -> bool:
+        """Wait until ``needle`` appears in the host's sshd log after offset ``since``.
+
+        E.g. ``wait_for_log(h, "Starting session", since=mark)`` and then ``kill_host(h)``
+        kills a host in the middle of a run, deterministically.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if needle in self.sshd_log(name)[since:]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
 
     def fleet_env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -197,8 +197,10 @@ def test_kill_host_mid_session_ends_the_session(sandbox: Sandbox) -> None:
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
             "-p", str(host.port), f"{sandbox.state.user}@{host.address}",
             "echo started; sleep 120"]
+    mark = sandbox.log_marks()[name]
     client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        assert sandbox.wait_for_log(name, "Starting session", since=mark)
         assert client.stdout is not None
         assert client.stdout.readline().strip() == "started"
         killed = sandbox.kill_host(name)
