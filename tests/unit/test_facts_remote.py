@@ -251,3 +251,35 @@ def _in_annotation(tree: ast.AST, target: ast.AST) -> bool:
             if ann is not None and any(n is target for n in ast.walk(ann)):
                 return True
     return False
+
+
+def _old_interpreter(minor: int) -> str | None:
+    """A Python 3.<minor> on this machine (PATH or pyenv), verified to run, else None."""
+    import glob
+
+    candidates = [shutil.which(f"python3.{minor}")]
+    pyenv = os.path.expanduser(f"~/.pyenv/versions/3.{minor}.*/bin/python3")
+    candidates += sorted(glob.glob(pyenv))
+    for exe in filter(None, candidates):
+        try:
+            out = subprocess.run(
+                [exe, "-c", "import sys; print(sys.version_info[1])"],
+                capture_output=True, text=True, timeout=30,
+            )
+        except OSError:
+            continue
+        if out.returncode == 0 and out.stdout.strip() == str(minor):
+            return exe
+    return None
+
+
+@pytest.mark.parametrize("minor", [8, 9])
+def test_runs_on_old_host_pythons(minor: int, tmp_path: Path) -> None:
+    exe = _old_interpreter(minor)
+    if exe is None:
+        pytest.skip(f"no Python 3.{minor} on this machine")
+    _, facts = run_facts(vllm_tree("0.18.0"), tmp_path, python=exe)
+    assert facts.errors == {}
+    assert facts.python is not None and facts.python.startswith(f"3.{minor}.")
+    assert facts.vllm.version == "0.18.0"
+    assert facts.vllm.eagle3 == {cls: True for cls in EAGLE3_CLASSES}
