@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from fleet.transport import HostConnection
 
 FACTS_TIMEOUT = 120.0
+EXIT_NOT_EXECUTABLE = 126
 EXIT_COMMAND_NOT_FOUND = 127
 
 
@@ -46,9 +47,10 @@ def gather_facts(conn: HostConnection, *, timeout: float = FACTS_TIMEOUT) -> Hos
     """
     python = conn.host.python
     res = conn.run(facts_command(python), stdin=facts_script(), timeout=timeout)
-    if res.exit_code == EXIT_COMMAND_NOT_FOUND:
+    if res.exit_code in (EXIT_NOT_EXECUTABLE, EXIT_COMMAND_NOT_FOUND):
+        problem = "not found" if res.exit_code == EXIT_COMMAND_NOT_FOUND else "not executable"
         raise OperationFailed(
-            f"{conn.host.name}: python interpreter {python!r} not found on the host",
+            f"{conn.host.name}: python interpreter {python!r} {problem} on the host",
             hint="set the host's 'python' in the inventory to the vLLM environment's python",
         )
     try:

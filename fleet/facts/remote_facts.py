@@ -38,7 +38,8 @@ def _err(exc: BaseException) -> str:
 
 
 def part_host() -> dict[str, Any]:
-    return {"hostname": socket.gethostname(), "fqdn": socket.getfqdn()}
+    # (no getfqdn: a reverse DNS lookup can hang on hosts with broken resolvers)
+    return {"hostname": socket.gethostname()}
 
 
 def part_python() -> dict[str, Any]:

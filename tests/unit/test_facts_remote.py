@@ -283,3 +283,55 @@ def test_runs_on_old_host_pythons(minor: int, tmp_path: Path) -> None:
     assert facts.python is not None and facts.python.startswith(f"3.{minor}.")
     assert facts.vllm.version == "0.18.0"
     assert facts.vllm.eagle3 == {cls: True for cls in EAGLE3_CLASSES}
+
+
+class LocalConnection:
+    """Runs commands with the local ``sh`` (the host is this machine): a real executor
+    with HostConnection's run() signature, for gather_facts' error mapping."""
+
+    def __init__(self, python: str, env: dict[str, str]) -> None:
+        from fleet.inventory import HostSpec
+
+        self.host = HostSpec(name="local", address="127.0.0.1", python=python)
+        self.env = env
+
+    def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+            ) -> object:
+        from fleet.transport import Result
+
+        proc = subprocess.run(
+            ["sh", "-c", command], input=stdin, capture_output=True, env=self.env,
+            timeout=timeout,
+        )
+        return Result("local", command, proc.returncode, proc.stdout, proc.stderr, 0.0)
+
+
+def _gather(python: str, tmp_path: Path, pythonpath: Path | None = None) -> HostFacts:
+    from fleet.facts import gather_facts
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return gather_facts(LocalConnection(python, env))  # type: ignore[arg-type]
+
+
+def test_gather_facts_locally(tmp_path: Path) -> None:
+    facts = _gather(sys.executable, tmp_path, vllm_tree("0.17.0"))
+    assert facts.vllm.version == "0.17.0" and facts.vllm.eagle3["DeepseekV2ForCausalLM"] is False
+
+
+def test_gather_facts_errors_name_the_problem(tmp_path: Path) -> None:
+    from fleet.errors import OperationFailed
+
+    with pytest.raises(OperationFailed, match="'/no/such/python' not found"):
+        _gather("/no/such/python", tmp_path)
+    not_exec = tmp_path / "python"
+    not_exec.write_text("")
+    with pytest.raises(OperationFailed, match="not executable"):
+        _gather(str(not_exec), tmp_path)
+    # an interpreter that is not Python 3 (here: a shell script) prints no document
+    fake = tmp_path / "fakepy"
+    fake.write_text("#!/bin/sh\necho 'SyntaxError: invalid syntax' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(OperationFailed, match=r"no facts document.*exit 1: SyntaxError"):
+        _gather(str(fake), tmp_path)
