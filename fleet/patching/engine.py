@@ -67,6 +67,7 @@ class Conflict:
     scope: str | None = None
     matches: int | None = None
     candidates: list[Candidate] = field(default_factory=list)
+    expected: str | None = None
 
     def describe(self) -> str:
         where = f"{self.path}"
@@ -74,7 +75,9 @@ class Conflict:
             where += f" [edit {self.edit}"
             where += f" in {self.scope}]" if self.scope else "]"
         text = f"{where}: {self.reason}"
-        if self.anchor:
+        if self.expected:
+            text += f"; expected a line like {self.expected!r}"
+        elif self.anchor:
             text += f"; anchor {self.anchor!r}"
         return text
 
@@ -83,6 +86,7 @@ class Conflict:
             "reason": self.reason,
             "edit": self.edit,
             "anchor": self.anchor,
+            "expected": self.expected,
             "scope": self.scope,
             "matches": self.matches,
             "candidates": [c.to_json() for c in self.candidates],
@@ -524,6 +528,7 @@ def _locate(path: str, edit: Edit, text: str) -> re.Match[str] | tuple[int, int]
         scope=edit.scope,
         matches=len(found),
         candidates=candidates,
+        expected=_hint(edit),
     )
 
 

@@ -1,0 +1,252 @@
+"""``fleet patch`` on one host: fetch, plan with the pure engine, then write or revert.
+
+Each function takes an open :class:`~fleet.transport.HostConnection` and returns a
+:class:`HostReport` (the per-host part of ``fleet patch --json``). Conflicts are results,
+not exceptions: the report says ``ok: false`` and nothing was written on that host.
+Transport faults raise (``ConnectError`` -> unreachable, ``OperationFailed`` -> failed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from fleet.patching import remote
+from fleet.patching.engine import (
+    Conflict,
+    FilePlan,
+    HostPlan,
+    Status,
+    plan_host,
+    sha256_text,
+    unified_diff,
+)
+from fleet.patching.manifest import PatchSet
+
+if TYPE_CHECKING:
+    from fleet.transport import HostConnection
+
+Mode = Literal["apply", "check", "revert", "revert-check"]
+
+
+@dataclass
+class FileReport:
+    path: str
+    status: Status
+    sha256_before: str | None
+    sha256_after: str | None
+    note: str | None = None
+    conflict: Conflict | None = None
+    diff: str | None = None
+    edits: list[str] = field(default_factory=list)
+
+    def to_json(self, with_diff: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "path": self.path,
+            "status": self.status,
+            "sha256_before": self.sha256_before,
+            "sha256_after": self.sha256_after,
+        }
+        if self.edits:
+            out["edits"] = self.edits
+        if self.note:
+            out["note"] = self.note
+        if self.conflict is not None:
+            out["conflict"] = self.conflict.to_json()
+        if with_diff:
+            out["diff"] = self.diff or ""
+        return out
+
+
+@dataclass
+class HostReport:
+    host: str
+    patch_set: str
+    mode: Mode
+    vllm_version: str
+    package_dir: str
+    files: list[FileReport]
+    ok: bool
+    message: str | None = None
+    backup_dir: str | None = None
+    facts: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return any(f.status in ("applied", "reverted") for f in self.files)
+
+    def to_json(self, with_diff: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "ok": self.ok,
+            "vllm_version": self.vllm_version,
+            "patch": self.patch_set,
+            "mode": self.mode,
+            "package_dir": self.package_dir,
+            "files": [f.to_json(with_diff) for f in self.files],
+        }
+        if self.backup_dir:
+            out["backup_dir"] = self.backup_dir
+        if self.facts:
+            out["facts"] = self.facts
+        if self.message:
+            out["message"] = self.message
+        return out
+
+
+def _from_plan(f: FilePlan, with_diff: bool) -> FileReport:
+    return FileReport(
+        path=f.path,
+        status=f.status,
+        sha256_before=f.sha256_before,
+        sha256_after=f.sha256_after,
+        note=f.note,
+        conflict=f.conflict,
+        diff=f.diff() if with_diff else None,
+        edits=list(f.edits),
+    )
+
+
+def _undecodable(fetched: remote.Fetched, plan: HostPlan) -> None:
+    for f in plan.files:
+        remote_file = fetched.files.get(f.path)
+        if remote_file is not None and remote_file.error:
+            f.status, f.new_text = "conflict", None
+            f.conflict = Conflict(f.path, remote_file.error)
+
+
+def apply_host(
+    conn: HostConnection,
+    patch_set: PatchSet,
+    *,
+    check: bool = False,
+    with_diff: bool = False,
+    backup_root: str = remote.BACKUP_ROOT,
+) -> HostReport:
+    """Plan the patch set on the host's real files and, unless ``check``, write it."""
+    paths = [f.path for f in patch_set.manifest.files]
+    fetched = remote.fetch(conn, patch_set.name, paths, backup_root=backup_root)
+    plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
+    _undecodable(fetched, plan)
+    # the sha256 the host reported must be the text the engine saw
+    for f in plan.files:
+        rf = fetched.files[f.path]
+        if rf.text is not None and rf.sha256 != sha256_text(rf.text):
+            f.status, f.new_text = "conflict", None
+            f.conflict = Conflict(f.path, "the file is not stored as plain UTF-8 text")
+    report = HostReport(
+        host=conn.host.name,
+        patch_set=patch_set.name,
+        mode="check" if check else "apply",
+        vllm_version=fetched.vllm_version,
+        package_dir=fetched.package_dir,
+        files=[_from_plan(f, with_diff) for f in plan.files],
+        ok=plan.ok,
+        facts=plan.facts,
+    )
+    if fetched.backup_manifest is not None:
+        report.backup_dir = fetched.backup_dir
+    if not plan.ok:
+        report.message = "; ".join(c.describe() for c in plan.conflicts) + " (nothing written)"
+        return report
+    if check or not plan.to_write:
+        return report
+
+    items = [
+        {
+            "path": f.path,
+            "sha256_before": f.sha256_before or "",
+            "text_after": f.new_text or "",
+            "sha256_after": f.sha256_after or "",
+        }
+        for f in plan.to_write
+    ]
+    result = remote.apply(conn, fetched, patch_set.name, items, backup_root=backup_root)
+    by_path = {r.path: r for r in report.files}
+    if result.get("ok"):
+        report.backup_dir = result.get("backup_dir") or fetched.backup_dir
+        for path in result.get("written", []):
+            by_path[path].status = "applied"
+        return report
+    report.ok = False
+    for c in result.get("conflicts", []):
+        r = by_path[c["path"]]
+        r.status = "conflict"
+        r.conflict = Conflict(c["path"], "the file changed on the host while it was patched")
+        r.sha256_after = r.sha256_before
+    for e in result.get("compile_errors", []):
+        r = by_path[e["path"]]
+        r.status = "conflict"
+        r.conflict = Conflict(e["path"], f"py_compile failed on the host: {e['error']}")
+    for r in report.files:
+        if r.status == "would-apply":
+            r.sha256_after = r.sha256_before  # not written
+    what = "the originals were restored" if result.get("restored") else "nothing written"
+    report.message = (
+        "; ".join(r.conflict.describe() for r in report.files if r.conflict is not None)
+        + f" ({what})"
+    )
+    return report
+
+
+def revert_host(
+    conn: HostConnection,
+    patch_set: PatchSet,
+    *,
+    force: bool = False,
+    check: bool = False,
+    with_diff: bool = False,
+    backup_root: str = remote.BACKUP_ROOT,
+) -> HostReport:
+    """Restore the byte-identical originals kept on the host by an earlier apply."""
+    paths = [f.path for f in patch_set.manifest.files]
+    fetched = remote.fetch(
+        conn, patch_set.name, paths, with_backups=with_diff, backup_root=backup_root
+    )
+    result = remote.revert(
+        conn,
+        fetched,
+        patch_set.name,
+        force=force,
+        check=check or with_diff,
+        backup_root=backup_root,
+    )
+    done: dict[str, dict[str, Any]] = result.get("files", {})
+    files: list[FileReport] = []
+    for path in [*paths, *sorted(set(done) - set(paths))]:
+        rf = fetched.files.get(path)
+        current = rf.sha256 if rf is not None and rf.exists else None
+        entry = done.get(path)
+        if entry is None:
+            note = result.get("note") or "not patched by fleet on this host"
+            files.append(FileReport(path, "not-needed", current, current, note=note))
+            continue
+        status: Status = entry["status"]
+        after = entry["sha256_before"] if status in ("reverted", "would-revert") else current
+        report_file = FileReport(path, status, current, after, note=entry.get("reason"))
+        if status == "conflict":
+            report_file.conflict = Conflict(path, entry.get("reason") or "cannot revert")
+        if entry.get("forced"):
+            report_file.note = "forced: the file had changed since it was patched"
+        if entry.get("compile_error"):
+            report_file.note = f"restored, but py_compile says: {entry['compile_error']}"
+        if with_diff and status in ("reverted", "would-revert") and rf and rf.text is not None:
+            original = fetched.backups.get(path)
+            report_file.diff = unified_diff(path, rf.text, original) if original else ""
+        files.append(report_file)
+    ok = bool(result.get("ok"))
+    report = HostReport(
+        host=conn.host.name,
+        patch_set=patch_set.name,
+        mode="revert-check" if (check or with_diff) else "revert",
+        vllm_version=fetched.vllm_version,
+        package_dir=fetched.package_dir,
+        files=files,
+        ok=ok,
+        backup_dir=fetched.backup_dir if fetched.backup_manifest is not None else None,
+    )
+    if not ok:
+        report.message = (
+            "; ".join(f.conflict.describe() for f in files if f.conflict is not None)
+            + " (nothing reverted)"
+        )
+    return report

@@ -1,0 +1,327 @@
+"""The remote patch script, run as a real process (no SSH) on a copy of real vLLM files.
+
+A "host" here is a directory: ``site/`` holding the vLLM package files the patch set
+touches plus the real ``.dist-info``, and ``home/`` for fleet's backups. The script is
+started exactly as over SSH (``<python> -`` with the script on stdin) by a local stand-in
+for ``HostConnection.run``; the SSH path itself is covered by tests/integration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.errors import OperationFailed
+from fleet.patching import remote
+from fleet.patching.engine import plan_host
+from fleet.patching.manifest import PatchSet, load_patch_set
+from fleet.patching.service import HostReport, apply_host, revert_host
+from fleet.sandbox.vllm_source import vllm_tree
+from fleet.transport import Result, to_command
+
+PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")
+
+
+@dataclass
+class FakeHost:
+    name: str
+    python: str
+
+
+class LocalConn:
+    """Runs commands with ``sh -c`` on this machine, like HostConnection.run over SSH."""
+
+    def __init__(self, root: Path, python: str = sys.executable) -> None:
+        self.root = root
+        self.host = FakeHost("local", python)
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(root / "home"),
+            "PYTHONPATH": str(root / "site"),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        if remote.FAULT_ENV in os.environ:
+            self.env[remote.FAULT_ENV] = os.environ[remote.FAULT_ENV]
+
+    def run(
+        self, command: Any, *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> Result:
+        cmd = to_command(command)
+        proc = subprocess.run(
+            ["sh", "-c", cmd], input=stdin, capture_output=True, env=self.env, timeout=timeout
+        )
+        return Result("local", cmd, proc.returncode, proc.stdout, proc.stderr, 0.0)
+
+
+def make_host(tmp: Path, version: str, patch_set: PatchSet) -> Path:
+    tree = vllm_tree(version)
+    site = tmp / "site"
+    (site / "vllm").mkdir(parents=True)
+    shutil.copy(tree / "vllm" / "__init__.py", site / "vllm" / "__init__.py")
+    for spec in patch_set.manifest.files:
+        src = tree / "vllm" / spec.path
+        if src.exists():
+            dst = site / "vllm" / spec.path
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+    for info in tree.glob("*.dist-info"):
+        shutil.copytree(info, site / info.name)
+    (tmp / "home").mkdir()
+    return site / "vllm"
+
+
+def shas(pkg: Path, patch_set: PatchSet) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for spec in patch_set.manifest.files:
+        p = pkg / spec.path
+        out[spec.path] = hashlib.sha256(p.read_bytes()).hexdigest() if p.exists() else None
+    return out
+
+
+@pytest.fixture(scope="module")
+def patch_set() -> PatchSet:
+    return load_patch_set()
+
+
+@pytest.fixture()
+def host(tmp_path: Path, patch_set: PatchSet) -> tuple[LocalConn, Path]:
+    pkg = make_host(tmp_path, "0.15.0", patch_set)
+    return LocalConn(tmp_path), pkg
+
+
+def expected_after(patch_set: PatchSet, version: str, pkg: Path) -> dict[str, str | None]:
+    texts = {
+        s.path: (pkg / s.path).read_text("utf-8") if (pkg / s.path).exists() else None
+        for s in patch_set.manifest.files
+    }
+    plan = plan_host(patch_set, version, texts)
+    return {f.path: f.sha256_after for f in plan.files}
+
+
+def statuses(report: HostReport) -> dict[str, str]:
+    return {f.path: f.status for f in report.files}
+
+
+def test_fetch_locates_vllm_without_importing_it(
+    host: tuple[LocalConn, Path], patch_set: PatchSet
+) -> None:
+    conn, pkg = host
+    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    assert fetched.vllm_version == "0.15.0"
+    assert fetched.package_dir == str(pkg.resolve())
+    assert all(f.exists for f in fetched.files.values())
+    want = shas(pkg, patch_set)
+    assert {p: f.sha256 for p, f in fetched.files.items()} == want
+    assert fetched.backup_manifest is None
+    assert not (conn.root / "home" / ".fleet").exists()  # reading writes nothing
+
+
+def test_apply_again_revert_apply(host: tuple[LocalConn, Path], patch_set: PatchSet) -> None:
+    conn, pkg = host
+    original = shas(pkg, patch_set)
+    original_bytes = {p: (pkg / p).read_bytes() for p, s in original.items() if s}
+    want = expected_after(patch_set, "0.15.0", pkg)
+    cache = pkg / "model_executor" / "models" / "__pycache__"
+    cache.mkdir(parents=True)
+    stale = cache / "deepseek_v2.cpython-311.pyc"
+    stale.write_bytes(b"stale")
+    keep = cache / "llama.cpython-311.pyc"
+    keep.write_bytes(b"other")
+
+    first = apply_host(conn, patch_set)
+    assert first.ok, first.message
+    assert statuses(first)["model_executor/models/deepseek_v2.py"] == "applied"
+    assert statuses(first)["config/__init__.py"] == "not-needed"
+    assert shas(pkg, patch_set) == want
+    assert not stale.exists() and keep.exists()
+    backup = Path(first.backup_dir or "")
+    assert backup.is_dir() and backup.is_relative_to(conn.root / "home" / ".fleet" / "patches")
+    for p, data in original_bytes.items():
+        if want[p] != original[p]:
+            assert (backup / "originals" / p).read_bytes() == data
+    import json
+
+    manifest = json.loads((backup / "manifest.json").read_text())
+    assert manifest["patch_set"] == "eagle3-deepseek" and manifest["vllm_version"] == "0.15.0"
+    entry = manifest["files"]["model_executor/models/deepseek_v2.py"]
+    assert entry["sha256_before"] == original["model_executor/models/deepseek_v2.py"]
+    assert entry["sha256_after"] == want["model_executor/models/deepseek_v2.py"]
+    assert entry["state"] == "applied"
+    assert not list(pkg.rglob(".*fleet-tmp-*"))
+
+    mtimes = {p: (pkg / p).stat().st_mtime_ns for p, s in want.items() if s}
+    second = apply_host(conn, patch_set)
+    assert second.ok and not second.changed
+    assert set(statuses(second).values()) == {"already-applied", "not-needed"}
+    assert {p: (pkg / p).stat().st_mtime_ns for p in mtimes} == mtimes
+
+    reverted = revert_host(conn, patch_set)
+    assert reverted.ok, reverted.message
+    assert statuses(reverted)["model_executor/models/deepseek_v2.py"] == "reverted"
+    assert shas(pkg, patch_set) == original
+    assert {p: (pkg / p).read_bytes() for p in original_bytes} == original_bytes
+    assert not backup.exists()
+
+    again = revert_host(conn, patch_set)
+    assert again.ok and set(statuses(again).values()) == {"not-needed"}
+
+    third = apply_host(conn, patch_set)
+    assert third.ok and shas(pkg, patch_set) == want
+
+
+def test_check_and_diff_write_nothing(host: tuple[LocalConn, Path], patch_set: PatchSet) -> None:
+    conn, pkg = host
+    before = shas(pkg, patch_set)
+    report = apply_host(conn, patch_set, check=True, with_diff=True)
+    assert report.ok
+    assert statuses(report)["v1/spec_decode/eagle.py"] == "would-apply"
+    diff = next(f.diff for f in report.files if f.path == "v1/spec_decode/eagle.py")
+    assert diff and "+                    target_model.config.media_placeholder_token_id" in diff
+    assert shas(pkg, patch_set) == before
+    assert not (conn.root / "home" / ".fleet").exists()
+
+
+def test_file_changed_between_read_and_write_is_a_conflict(
+    host: tuple[LocalConn, Path], patch_set: PatchSet
+) -> None:
+    conn, pkg = host
+    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
+    items = [
+        {
+            "path": f.path,
+            "sha256_before": f.sha256_before or "",
+            "text_after": f.new_text or "",
+            "sha256_after": f.sha256_after or "",
+        }
+        for f in plan.to_write
+    ]
+    touched = pkg / "config" / "speculative.py"
+    touched.write_text(touched.read_text() + "\n# edited by hand meanwhile\n")
+    before = shas(pkg, patch_set)
+    result = remote.apply(conn, fetched, patch_set.name, items)
+    assert result["ok"] is False and result["written"] == []
+    assert [c["path"] for c in result["conflicts"]] == ["config/speculative.py"]
+    assert shas(pkg, patch_set) == before  # all or none: nothing written
+    assert not list((conn.root / "home" / ".fleet" / "patches").glob("eagle3-deepseek/*"))
+
+
+POINTS = [
+    "after-lock",
+    "after-backup",
+    "after-temp",
+    "after-first-rename",
+    "after-rename",
+    "before-manifest",
+]
+
+
+@pytest.mark.parametrize("point", POINTS)
+def test_killed_at_any_point_leaves_each_file_original_or_patched(
+    host: tuple[LocalConn, Path],
+    patch_set: PatchSet,
+    point: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conn, pkg = host
+    original = shas(pkg, patch_set)
+    want = expected_after(patch_set, "0.15.0", pkg)
+    conn.env[remote.FAULT_ENV] = point
+    with pytest.raises(OperationFailed, match="without an answer"):
+        apply_host(conn, patch_set)
+    now = shas(pkg, patch_set)
+    for path, sha in now.items():
+        assert sha in (original[path], want[path]), f"{path} half-written after {point}"
+    patched = [p for p in now if now[p] == want[p] != original[p]]
+    if point in ("after-lock", "after-backup", "after-temp"):
+        assert patched == []
+    if point in ("after-rename", "before-manifest"):
+        assert len(patched) == 4
+    # the next run completes the job, and the originals can still be restored
+    del conn.env[remote.FAULT_ENV]
+    report = apply_host(conn, patch_set)
+    assert report.ok and shas(pkg, patch_set) == want
+    assert not list(pkg.rglob(".*fleet-tmp-*"))
+    back = revert_host(conn, patch_set)
+    assert back.ok and shas(pkg, patch_set) == original
+
+
+def test_compile_failure_restores_the_originals(
+    host: tuple[LocalConn, Path], patch_set: PatchSet
+) -> None:
+    conn, pkg = host
+    original = shas(pkg, patch_set)
+    conn.env[remote.FAULT_ENV] = "compile-error"
+    report = apply_host(conn, patch_set)
+    assert not report.ok
+    assert "py_compile failed" in (report.message or "")
+    assert "originals were restored" in (report.message or "")
+    assert shas(pkg, patch_set) == original
+    assert not list((conn.root / "home" / ".fleet" / "patches").glob("eagle3-deepseek/*"))
+
+
+def test_revert_refuses_a_file_changed_since_the_patch(
+    host: tuple[LocalConn, Path], patch_set: PatchSet
+) -> None:
+    conn, pkg = host
+    original = shas(pkg, patch_set)
+    assert apply_host(conn, patch_set).ok
+    edited = pkg / "model_executor" / "models" / "kimi_k25.py"
+    edited.write_text(edited.read_text() + "# local change\n")
+    patched = shas(pkg, patch_set)
+    refused = revert_host(conn, patch_set)
+    assert not refused.ok
+    assert statuses(refused)["model_executor/models/kimi_k25.py"] == "conflict"
+    assert statuses(refused)["model_executor/models/deepseek_v2.py"] == "would-revert"
+    assert shas(pkg, patch_set) == patched  # nothing reverted
+    forced = revert_host(conn, patch_set, force=True)
+    assert forced.ok and shas(pkg, patch_set) == original
+
+
+def test_revert_check_and_diff_write_nothing(
+    host: tuple[LocalConn, Path], patch_set: PatchSet
+) -> None:
+    conn, pkg = host
+    assert apply_host(conn, patch_set).ok
+    patched = shas(pkg, patch_set)
+    report = revert_host(conn, patch_set, check=True, with_diff=True)
+    assert report.ok and statuses(report)["config/speculative.py"] == "would-revert"
+    diff = next(f.diff for f in report.files if f.path == "config/speculative.py")
+    assert diff and '-            "kimi_k25",' in diff
+    assert shas(pkg, patch_set) == patched
+
+
+def test_host_without_vllm_fails_in_one_line(tmp_path: Path, patch_set: PatchSet) -> None:
+    (tmp_path / "site").mkdir()
+    (tmp_path / "home").mkdir()
+    conn = LocalConn(tmp_path)
+    with pytest.raises(OperationFailed, match="vLLM is not installed for"):
+        apply_host(conn, patch_set)
+
+
+@pytest.mark.skipif(not PY38.exists(), reason="no Python 3.8 interpreter here")
+def test_the_script_runs_on_python_3_8(tmp_path: Path, patch_set: PatchSet) -> None:
+    pkg = make_host(tmp_path, "0.11.0", patch_set)
+    conn = LocalConn(tmp_path, python=str(PY38))
+    original = shas(pkg, patch_set)
+    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    assert fetched.python_version.startswith("3.8.")
+    assert fetched.files["model_executor/models/kimi_k25.py"].exists is False
+    report = apply_host(conn, patch_set)
+    assert report.ok, report.message
+    assert statuses(report)["config/speculative.py"] == "applied"
+    assert revert_host(conn, patch_set).ok and shas(pkg, patch_set) == original
+
+
+def test_script_is_python_3_8_syntax() -> None:
+    import ast
+
+    ast.parse(remote.script_text(), feature_version=(3, 8))
