@@ -1,0 +1,195 @@
+"""Load, validate and compile the rule catalogue (``catalogue.yaml`` in this package).
+
+Validation happens here, at load: every regex compiles (pydantic models), every taxonomy id
+has an entry, every pattern has a prefilter literal of at least ``MIN_LITERAL`` characters,
+and each literal contains one of the catalogue's gates -- so the fast prefilters (local
+``bytes.find`` of the gates, remote ``grep -E`` of the literals) never hide a match.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fleet.diagnosis.literals import MIN_LITERAL, quality, required_literals
+from fleet.diagnosis.models import Catalogue, ContextSpec, PatternSpec, Rule
+from fleet.errors import FleetError
+
+
+class CatalogueError(FleetError):
+    """The shipped (or given) catalogue is invalid -- a bug, caught by the unit tests."""
+
+
+@dataclass(frozen=True)
+class CompiledPattern:
+    rule: Rule
+    spec: PatternSpec
+    regex: re.Pattern[str]
+    literals: tuple[str, ...]
+    context: re.Pattern[str] | None
+    context_within: int
+    specificity: int
+    severity: str
+    role: str
+    info: bool
+
+
+@dataclass(frozen=True)
+class CompiledCatalogue:
+    catalogue: Catalogue
+    patterns: tuple[CompiledPattern, ...]
+    gates: tuple[str, ...]
+    gates_bytes: tuple[bytes, ...]
+    info_gates: tuple[str, ...]
+    info_gates_bytes: tuple[bytes, ...]
+    exception_line: re.Pattern[str]
+    benign: tuple[re.Pattern[str], ...]
+    facts: tuple[tuple[str, re.Pattern[str]], ...]
+    prefilter_literals: tuple[str, ...]
+    rules: dict[str, Rule] = field(default_factory=dict)
+
+    def prefilter_ere(self) -> list[str]:
+        """One POSIX ERE per literal (for ``grep -E -f -``): the remote prefilter."""
+        return [ere_escape(lit) for lit in self.prefilter_literals]
+
+    def is_candidate(self, text: str) -> bool:
+        """The cheap gate: can any rule (or an exception line) match this text?"""
+        return any(g in text for g in self.gates)
+
+    def is_info_candidate(self, text: str) -> bool:
+        """The gate for vLLM INFO/DEBUG lines (only ``info: true`` patterns apply)."""
+        return any(g in text for g in self.info_gates)
+
+
+_ERE_SPECIAL = set("\\.[]()*+?{}|^$")
+
+
+def ere_escape(literal: str) -> str:
+    return "".join("\\" + ch if ch in _ERE_SPECIAL else ch for ch in literal)
+
+
+def _minimize(literals: set[str]) -> tuple[str, ...]:
+    """Drop literals that contain a shorter one (the shorter already selects the line)."""
+    keep: list[str] = []
+    for lit in sorted(literals, key=lambda s: (len(s), s)):
+        if not any(k in lit for k in keep):
+            keep.append(lit)
+    return tuple(sorted(keep))
+
+
+def _covered(literal: str, gates: tuple[str, ...]) -> bool:
+    return any(g in literal for g in gates)
+
+
+def _literals_for(regex: str, what: str, gates: tuple[str, ...]) -> tuple[str, ...]:
+    lits = required_literals(regex, gates)
+    if quality(lits) < MIN_LITERAL:
+        raise CatalogueError(
+            f"{what}: regex {regex!r} has no literal of >= {MIN_LITERAL} characters "
+            f"for the prefilter (got {lits})"
+        )
+    bad = [lit for lit in lits if not _covered(lit, gates)]
+    if bad:
+        raise CatalogueError(f"{what}: prefilter literal(s) {bad} contain none of the gates")
+    return tuple(lits)
+
+
+def compile_catalogue(cat: Catalogue) -> CompiledCatalogue:
+    gates = tuple(cat.gates)
+    info_gates = tuple(cat.info_gates)
+    if any(len(g) < 3 for g in (*gates, *info_gates)):
+        raise CatalogueError("gates must be at least 3 characters long")
+    literals: set[str] = set()
+    compiled: list[CompiledPattern] = []
+    for rule in cat.rules:
+        for i, spec in enumerate(rule.patterns):
+            what = f"rule {rule.id} pattern {i + 1}"
+            lits = _literals_for(spec.regex, what, gates)
+            if spec.info:
+                _literals_for(spec.regex, f"{what} (info)", info_gates)
+            literals.update(lits)
+            ctx: ContextSpec | None = spec.context
+            if ctx is not None:
+                literals.update(_literals_for(ctx.regex, f"{what} context", gates))
+            compiled.append(
+                CompiledPattern(
+                    rule=rule,
+                    spec=spec,
+                    regex=re.compile(spec.regex),
+                    literals=lits,
+                    context=re.compile(ctx.regex) if ctx else None,
+                    context_within=ctx.within if ctx else 0,
+                    specificity=spec.specificity
+                    if spec.specificity is not None
+                    else rule.specificity,
+                    severity=spec.severity or rule.severity,
+                    role=spec.role or rule.role,
+                    info=spec.info,
+                )
+            )
+    literals.update(_literals_for(cat.exception_line, "exception_line", gates))
+    literals.add("Traceback (most recent call last)")
+    facts = []
+    for fact in cat.facts:
+        literals.update(_literals_for(fact.regex, f"fact {fact.name}", gates))
+        facts.append((fact.name, re.compile(fact.regex)))
+    for rule in cat.rules:
+        for tmpl in [*rule.summary, *rule.fix]:
+            _check_template(tmpl, f"rule {rule.id}")
+    unused = [g for g in gates if not any(g in lit for lit in literals)]
+    if unused:
+        raise CatalogueError(f"gates that no pattern needs (slow the scan for nothing): {unused}")
+    info_lits = [lit for p in compiled if p.info for lit in p.literals]
+    unused = [g for g in info_gates if not any(g in lit for lit in info_lits)]
+    if unused:
+        raise CatalogueError(f"info gates that no info pattern needs: {unused}")
+    return CompiledCatalogue(
+        catalogue=cat,
+        patterns=tuple(compiled),
+        gates=gates,
+        gates_bytes=tuple(g.encode() for g in gates),
+        info_gates=info_gates,
+        info_gates_bytes=tuple(g.encode() for g in info_gates),
+        exception_line=re.compile(cat.exception_line),
+        benign=tuple(re.compile(b.regex) for b in cat.benign),
+        facts=tuple(facts),
+        prefilter_literals=_minimize(literals),
+        rules={r.id: r for r in cat.rules},
+    )
+
+
+_FIELD = re.compile(r"\{([^{}]*)\}")
+
+
+def _check_template(tmpl: str, what: str) -> None:
+    for name in _FIELD.findall(tmpl):
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+            raise CatalogueError(f"{what}: template field {{{name}}} is not a plain name")
+
+
+def parse_catalogue(data: Any) -> CompiledCatalogue:
+    from pydantic import ValidationError
+
+    try:
+        cat = Catalogue.model_validate(data)
+    except ValidationError as exc:
+        raise CatalogueError(f"invalid catalogue: {exc}") from None
+    return compile_catalogue(cat)
+
+
+def load_catalogue_file(path: str | Path) -> CompiledCatalogue:
+    with open(path, encoding="utf-8") as fh:
+        return parse_catalogue(yaml.safe_load(fh))
+
+
+@lru_cache(maxsize=1)
+def load_catalogue() -> CompiledCatalogue:
+    """The catalogue shipped in the package (cached)."""
+    text = resources.files("fleet.diagnosis").joinpath("catalogue.yaml").read_text("utf-8")
+    return parse_catalogue(yaml.safe_load(text))

@@ -1,0 +1,462 @@
+"""The diagnosis engine: numbered log lines in, ranked :class:`Diagnosis` list out.
+
+Pure (no I/O): ``fleet logs --diagnose`` feeds it a local file, the candidate lines a remote
+``grep`` returned, or a live ``tail -F``; ``fleet serve`` feeds it the log of a crashed load.
+
+Per line: fold terminal-wrapped lines back together, skip lines without a gate (cheap
+substring test), strip prefixes, recognise traceback exception lines, and try the rules
+whose literals occur in the line. Matches are grouped per rule and ranked:
+
+1. role: a specific cause, then a symptom (worker/engine/actor died), then an exception no
+   rule explains (``unrecognized-error``), then generic wrappers ("See root cause above");
+2. severity (fatal, error, warning);
+3. the earliest *incident* -- a match on a continuation line of an exception (pydantic's
+   "Value error, ..." under "ValidationError") counts at that exception's line, so two
+   rules describing the same exception compare by
+4. specificity.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+
+from fleet.diagnosis.catalogue import CompiledCatalogue, CompiledPattern, load_catalogue
+from fleet.diagnosis.models import (
+    ROLE_TIER,
+    SEVERITY_ORDER,
+    Diagnosis,
+    Evidence,
+    Rule,
+)
+from fleet.diagnosis.normalize import Normalized, fold_width, normalize, visible
+
+MAX_EVIDENCE = 5
+CONTEXT_LINES = 2
+HISTORY = 400
+# A non-exception line this close after an exception line of the same process belongs to it
+# (continuation lines of the message: pydantic details, Ray's indented fields...).
+CONTINUATION = 12
+MAX_LINE = 16384  # characters of one logical line that are matched (a 10 MB line is cut)
+MAX_EXCEPTIONS = 2000  # distinct unexplained exception lines remembered
+FOLD_SAMPLE = 5000
+
+_FIELD = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+
+
+# --------------------------------------------------------------------------- templates
+
+
+def _num(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _max_model_len_fit(values: dict[str, str]) -> dict[str, str]:
+    for key in ("estimated_max_len", "kv_tokens"):
+        n = _num(values.get(key))
+        if n is not None and n > 0:
+            return {"fit_len": str(int(n))}
+    return {}
+
+
+def _gpu_util_fit(values: dict[str, str]) -> dict[str, str]:
+    free, total = _num(values.get("free")), _num(values.get("total"))
+    if free is None or not total:
+        return {}
+    fit = math.floor((free / total) * 100 - 1) / 100
+    return {"util_fit": f"{max(fit, 0.05):.2f}"}
+
+
+def _tp_fit(values: dict[str, str]) -> dict[str, str]:
+    heads, tp, gpus = _num(values.get("heads")), _num(values.get("tp")), _num(values.get("gpus"))
+    limit = tp if tp is not None else gpus
+    if gpus is not None and limit is not None:
+        limit = min(limit, gpus)
+    if limit is None or limit < 1:
+        return {}
+    if heads is None:
+        return {"tp_fit": str(int(limit))} if gpus is not None else {}
+    best = max(d for d in range(1, int(limit) + 1) if int(heads) % d == 0)
+    return {"tp_fit": str(best)}
+
+
+DERIVATIONS: dict[str, Callable[[dict[str, str]], dict[str, str]]] = {
+    "max_model_len_fit": _max_model_len_fit,
+    "gpu_util_fit": _gpu_util_fit,
+    "tp_fit": _tp_fit,
+}
+
+
+def _fill(templates: list[str], values: dict[str, str]) -> str | None:
+    """The first template whose every field has a value."""
+    for tmpl in templates:
+        names = _FIELD.findall(tmpl)
+        if all(values.get(n) not in (None, "") for n in names):
+            return _FIELD.sub(lambda m: values[m.group(1)], tmpl)
+    return None
+
+
+def render(rule: Rule, values: dict[str, str]) -> tuple[str, str | None, dict[str, str]]:
+    """(summary, fix, values with derivations) for a rule and captured values."""
+    vals = dict(values)
+    for name in rule.derive:
+        fn = DERIVATIONS.get(name)
+        if fn is not None:
+            for k, v in fn(vals).items():
+                vals.setdefault(k, v)
+    summary = _fill(rule.summary, vals) or rule.title
+    fix = _fill(rule.fix, vals) if rule.fix else None
+    return summary, fix, vals
+
+
+def with_values(
+    diag: Diagnosis, catalogue: CompiledCatalogue | None = None, **extra: str
+) -> Diagnosis:
+    """Re-render a diagnosis with more values (e.g. the process holding a port, the host)."""
+    cat = catalogue or load_catalogue()
+    rule = cat.rules[diag.id]
+    values = {**diag.values, **{k: v for k, v in extra.items() if v is not None}}
+    summary, fix, vals = render(rule, values)
+    return diag.model_copy(update={"summary": summary, "fix": fix, "values": vals})
+
+
+# --------------------------------------------------------------------------- engine state
+
+
+@dataclass
+class _Match:
+    pattern: CompiledPattern | None  # None for unrecognized-error
+    rule_id: str
+    line: int
+    text: str
+    anchor: int
+    values: dict[str, str]
+    tier: int
+    severity: str
+    specificity: int
+    context: list[Evidence] = field(default_factory=list)
+    open_after: int = 0
+
+    def key(self) -> tuple[int, int, int, int]:
+        return (self.tier, SEVERITY_ORDER[self.severity], self.anchor, -self.specificity)
+
+
+@dataclass
+class _Exc:
+    line: int
+    text: str
+    proc: str | None
+    covered: bool = False
+
+
+class Engine:
+    """Incremental diagnosis: :meth:`feed` numbered raw lines, then :meth:`results`."""
+
+    def __init__(
+        self,
+        catalogue: CompiledCatalogue | None = None,
+        *,
+        host: str | None = None,
+        fold: int | None = None,
+        max_evidence: int = MAX_EVIDENCE,
+    ) -> None:
+        self.cat = catalogue or load_catalogue()
+        self.host = host
+        self.fold = fold
+        self.max_evidence = max_evidence
+        self._history: deque[tuple[int, str, list[str | None]]] = deque(maxlen=HISTORY)
+        self._pending: tuple[int, int, list[str]] | None = None  # (first no, last no, parts)
+        self._matches: dict[str, list[_Match]] = {}
+        self._exceptions: dict[int, _Exc] = {}
+        self._last_exc: dict[str | None, int] = {}
+        self._covered_texts: set[str] = set()
+        self._facts: dict[str, str] = {}
+        self._open: list[_Match] = []
+        self.lines_seen = 0
+        self.candidates = 0
+
+    # ---------------------------------------------------------------- input
+    def feed(self, lineno: int, raw: str) -> None:
+        """One physical line (1-based number in the original log)."""
+        self.lines_seen += 1
+        if self.fold is None:
+            self._logical(lineno, raw)
+            return
+        vis = visible(raw)
+        if self._pending is not None:
+            first, last, parts = self._pending
+            if lineno == last + 1:
+                parts.append(vis)
+                if len(vis) == self.fold:
+                    self._pending = (first, lineno, parts)
+                    return
+                self._pending = None
+                self._logical(first, "".join(parts))
+                return
+            self._pending = None
+            self._logical(first, "".join(parts))
+        if len(vis) == self.fold:
+            self._pending = (lineno, lineno, [vis])
+        else:
+            self._logical(lineno, raw)
+
+    def feed_lines(self, lines: Iterable[str], start: int = 1) -> None:
+        for i, raw in enumerate(lines, start):
+            self.feed(i, raw)
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            first, _last, parts = self._pending
+            self._pending = None
+            self._logical(first, "".join(parts))
+
+    # ---------------------------------------------------------------- per logical line
+    def _logical(self, lineno: int, raw: str) -> None:
+        if len(raw) > MAX_LINE:
+            raw = raw[:MAX_LINE]
+        entry: tuple[int, str, list[str | None]] = (lineno, raw, [None])
+        self._history.append(entry)
+        if self._open:
+            self._fill_context(lineno, raw)
+        cat = self.cat
+        gated = cat.is_candidate(raw)
+        if not gated and not cat.is_info_candidate(raw):
+            return
+        norm = normalize(raw)
+        entry[2][0] = norm.text
+        for text in norm.text.split("\n") if "\n" in norm.text else (norm.text,):
+            self._match_line(lineno, text, norm, gated)
+
+    def _match_line(self, lineno: int, text: str, norm: Normalized, gated: bool) -> None:
+        cat = self.cat
+        info = norm.level in ("INFO", "DEBUG")
+        if not text.strip():
+            return
+        self.candidates += 1
+        for benign in cat.benign:
+            if benign.search(text):
+                return
+        for name, rx in cat.facts:
+            m = rx.search(text)
+            if m and m.group(name):
+                self._facts[name] = m.group(name)
+        proc = norm.proc
+        is_exc = (not info) and gated and cat.exception_line.match(text) is not None
+        if is_exc:
+            anchor = lineno
+            self._last_exc[proc] = lineno
+            if len(self._exceptions) < MAX_EXCEPTIONS:
+                self._exceptions[lineno] = _Exc(lineno, text.strip(), proc)
+        else:
+            last = self._last_exc.get(proc)
+            anchor = last if last is not None and 0 <= lineno - last <= CONTINUATION else lineno
+        best_here: dict[str, _Match] = {}
+        for pat in cat.patterns:
+            if info and not pat.info:
+                continue
+            for lit in pat.literals:
+                if lit in text:
+                    break
+            else:
+                continue
+            m = pat.regex.search(text)
+            if m is None:
+                continue
+            if pat.context is not None and not self._context_ok(pat, lineno):
+                continue
+            values = {k: v.strip() for k, v in m.groupdict().items() if v is not None}
+            match = _Match(
+                pattern=pat,
+                rule_id=pat.rule.id,
+                line=lineno,
+                text=text.strip(),
+                anchor=anchor,
+                values=values,
+                tier=ROLE_TIER[pat.role],
+                severity=pat.severity,
+                specificity=pat.specificity,
+            )
+            prev = best_here.get(pat.rule.id)
+            if prev is None or match.key() < prev.key():
+                if prev is not None:
+                    match.values = {**prev.values, **match.values}
+                best_here[pat.rule.id] = match
+            else:
+                prev.values = {**values, **prev.values}
+        if not best_here:
+            return
+        exc = self._exceptions.get(anchor)
+        if exc is not None:
+            exc.covered = True
+            self._covered_texts.add(exc.text)
+        if is_exc:
+            self._covered_texts.add(text.strip())
+        for rule_id, match in best_here.items():
+            match.values = {**self._facts, **match.values}
+            group = self._matches.setdefault(rule_id, [])
+            if not group:
+                before = list(self._history)[-1 - CONTEXT_LINES : -1]
+                match.context = [
+                    Evidence(line=n, text=self._display(r, c[0])) for n, r, c in before
+                ]
+                match.open_after = CONTEXT_LINES
+                self._open.append(match)
+            group.append(match)
+
+    def _fill_context(self, lineno: int, raw: str) -> None:
+        still: list[_Match] = []
+        for match in self._open:
+            if lineno > match.line and match.open_after > 0:
+                match.context.append(Evidence(line=lineno, text=normalize(raw).text))
+                match.open_after -= 1
+            if match.open_after > 0:
+                still.append(match)
+        self._open = still
+
+    @staticmethod
+    def _display(raw: str, text: str | None) -> str:
+        return text if text is not None else normalize(raw).text
+
+    def _context_ok(self, pat: CompiledPattern, lineno: int) -> bool:
+        assert pat.context is not None
+        for n, raw, cache in reversed(self._history):
+            if n >= lineno:
+                continue
+            if lineno - n > pat.context_within:
+                break
+            text = cache[0]
+            if text is None:
+                text = cache[0] = normalize(raw).text
+            if pat.context.search(text):
+                return True
+        return False
+
+    # ---------------------------------------------------------------- output
+    def results(self) -> list[Diagnosis]:
+        """The ranked diagnoses so far (safe to call repeatedly, e.g. while following)."""
+        groups: list[tuple[tuple[int, int, int, int], list[_Match]]] = []
+        for matches in self._matches.values():
+            best = min(matches, key=_Match.key)
+            groups.append((best.key(), matches))
+        unexplained: dict[str, list[_Match]] = {}
+        for exc in self._exceptions.values():
+            if exc.covered or exc.text in self._covered_texts:
+                continue
+            unexplained.setdefault(exc.text, []).append(
+                _Match(
+                    pattern=None,
+                    rule_id="unrecognized-error",
+                    line=exc.line,
+                    text=exc.text,
+                    anchor=exc.line,
+                    values={"exception": exc.text},
+                    tier=ROLE_TIER["unrecognized"],
+                    severity="error",
+                    specificity=0,
+                )
+            )
+        for matches in unexplained.values():
+            groups.append((matches[0].key(), matches))
+        groups.sort(key=lambda g: (g[0], g[1][0].rule_id))
+        return [self._build(matches) for _key, matches in groups]
+
+    def _build(self, matches: list[_Match]) -> Diagnosis:
+        best = min(matches, key=_Match.key)
+        rule = self.cat.rules[best.rule_id]
+        values: dict[str, str] = {}
+        for m in sorted(matches, key=lambda m: m.line):
+            for k, v in m.values.items():
+                values.setdefault(k, v)
+        values.update(best.values)
+        values.setdefault("message", best.text[:300])
+        if self.host:
+            values["host"] = self.host
+        summary, fix, values = render(rule, values)
+        seen: set[int] = set()
+        evidence: list[Evidence] = []
+        for m in [best, *sorted(matches, key=lambda m: m.line)]:
+            if m.line in seen:
+                continue
+            seen.add(m.line)
+            evidence.append(Evidence(line=m.line, text=m.text))
+            if len(evidence) >= self.max_evidence:
+                break
+        first = matches[0]
+        context = first.context if first.pattern is not None else []
+        role = "unrecognized" if best.pattern is None else best.pattern.role
+        return Diagnosis(
+            id=rule.id,
+            severity=best.severity,
+            title=rule.title,
+            summary=summary,
+            root_cause=rule.root_cause.strip(),
+            remedy=rule.remedy.strip(),
+            fix=fix,
+            evidence=evidence,
+            context=context,
+            count=len(matches),
+            values=values,
+            role=role,
+            specificity=best.specificity,
+        )
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def _peek_fold(lines: list[str]) -> int | None:
+    return fold_width(len(visible(line)) for line in lines[:FOLD_SAMPLE])
+
+
+def diagnose_numbered(
+    pairs: Iterable[tuple[int, str]],
+    *,
+    host: str | None = None,
+    catalogue: CompiledCatalogue | None = None,
+    fold: int | None = None,
+) -> list[Diagnosis]:
+    """Diagnose (line number, raw line) pairs -- possibly sparse, e.g. grep's candidates."""
+    it: Iterator[tuple[int, str]] = iter(pairs)
+    head = list(islice(it, FOLD_SAMPLE))
+    if fold is None:
+        fold = _peek_fold([raw for _n, raw in head])
+    engine = Engine(catalogue, host=host, fold=fold)
+    for n, raw in head:
+        engine.feed(n, raw)
+    for n, raw in it:
+        engine.feed(n, raw)
+    engine.flush()
+    return engine.results()
+
+
+def diagnose(
+    lines: Iterable[str],
+    *,
+    host: str | None = None,
+    catalogue: CompiledCatalogue | None = None,
+    start: int = 1,
+) -> list[Diagnosis]:
+    """Diagnose a log given as lines (with or without newlines). An empty list: clean."""
+    return diagnose_numbered(enumerate(lines, start), host=host, catalogue=catalogue)
+
+
+def diagnose_text(
+    text: str | bytes, *, host: str | None = None, catalogue: CompiledCatalogue | None = None
+) -> list[Diagnosis]:
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    return diagnose(text.split("\n"), host=host, catalogue=catalogue)
+
+
+def exit_code(diagnoses: Iterable[Diagnosis]) -> int:
+    """1 when a fatal/error diagnosis was found, else 0 (the ``fleet logs`` contract)."""
+    return 1 if any(d.is_problem for d in diagnoses) else 0
