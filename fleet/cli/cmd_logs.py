@@ -1,0 +1,376 @@
+"""``fleet logs``: show, follow or diagnose vLLM logs (remote or local).
+
+    fleet logs --host P PROFILE [--tail N]          last lines of the profile's log
+    fleet logs --host P --path FILE --diagnose      ranked diagnoses (filtered on the host)
+    fleet logs --host P PROFILE --follow [--diagnose]
+    fleet logs --file PATH --diagnose               a local file, no inventory needed
+
+Exit codes: 0 clean, 1 a fatal/error diagnosis (or a host failed), 2 bad input,
+3 a host unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from fleet.cli.context import AppContext, host_option, pass_app
+from fleet.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
+
+if TYPE_CHECKING:
+    from fleet.diagnosis.models import Diagnosis
+    from fleet.diagnosis.remote import RemoteDiagnosis
+    from fleet.transport import HostConnection, HostOutcome
+
+DEFAULT_SHOW = 100
+DEFAULT_FOLLOW = 10
+SEVERITY_STYLE = {"fatal": "bold red", "error": "red", "warning": "yellow"}
+
+
+@click.command()
+@click.argument("profile", required=False)
+@host_option(required=False)
+@click.option(
+    "--path", "remote_path", metavar="FILE", help="Log file on the host (instead of PROFILE)."
+)
+@click.option(
+    "--file",
+    "local_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="PATH",
+    help="A local log file (no inventory needed).",
+)
+@click.option(
+    "-f", "--follow", is_flag=True, help="Stream new lines as they are written (tail -F)."
+)
+@click.option(
+    "--tail",
+    "tail",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help=f"Only the last N lines [default: {DEFAULT_SHOW} when showing, all when diagnosing].",
+)
+@click.option("--diagnose", is_flag=True, help="Name the root cause, evidence and fix.")
+@pass_app
+def logs(
+    app: AppContext,
+    profile: str | None,
+    hosts: tuple[str, ...],
+    remote_path: str | None,
+    local_file: Path | None,
+    follow: bool,
+    tail: int | None,
+    diagnose: bool,
+) -> int:
+    """Show, follow or diagnose vLLM logs.
+
+    PROFILE's log is ~/.fleet/run/PROFILE/vllm.log on each host. With --diagnose the log is
+    filtered on the host (grep with the catalogue's prefilter) and only candidate lines are
+    fetched, so multi-GiB logs are diagnosed in seconds."""
+    if local_file is not None:
+        if hosts or profile or remote_path:
+            raise UsageError(
+                "--file reads a local file; do not combine it with --host/PROFILE/--path"
+            )
+        if follow:
+            raise UsageError("--follow needs --host (use tail -F for a local file)")
+        return _local(app, local_file, tail, diagnose)
+    if not hosts:
+        raise UsageError("give --host PATTERN (with PROFILE or --path FILE), or --file PATH")
+    if profile and remote_path:
+        raise UsageError("give either PROFILE or --path, not both")
+    if not profile and not remote_path:
+        raise UsageError("give a PROFILE (its log is ~/.fleet/run/PROFILE/vllm.log) or --path FILE")
+    from fleet.diagnosis.remote import profile_log_path, shell_path
+
+    path = remote_path if remote_path else profile_log_path(profile or "")
+    shell_path(path)  # validate before connecting
+    selected = app.select(hosts)
+    if follow:
+        if len(selected) != 1:
+            raise UsageError(
+                f"--follow streams one host; {len(selected)} match "
+                f"({', '.join(h.name for h in selected[:5])})"
+            )
+        return _follow(app, selected[0], path, tail or DEFAULT_FOLLOW, diagnose)
+    if diagnose:
+        return _diagnose_hosts(app, selected, path, tail)
+    return _show_hosts(app, selected, path, tail or DEFAULT_SHOW)
+
+
+# --------------------------------------------------------------------------- local
+
+
+def _local(app: AppContext, path: Path, tail: int | None, diagnose: bool) -> int:
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    if not diagnose:
+        return _show_local(app, path, tail or DEFAULT_SHOW)
+    from fleet.diagnosis.engine import exit_code
+    from fleet.diagnosis.scan import diagnose_file
+
+    result = diagnose_file(path, tail=tail)
+    if app.json_output:
+        from fleet.cli.render import emit_json
+
+        emit_json(
+            {
+                "diagnoses": [d.as_contract() for d in result.diagnoses],
+                "file": str(path),
+                "lines": result.lines,
+                "bytes_read": result.bytes_read,
+            }
+        )
+    else:
+        render_diagnoses(result.diagnoses, where=str(path), lines=result.lines)
+    return exit_code(result.diagnoses)
+
+
+def _show_local(app: AppContext, path: Path, lines: int) -> int:
+    from fleet.diagnosis.scan import _tail_offset
+
+    offset, first = _tail_offset(path, lines)
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        text = fh.read().decode("utf-8", errors="replace").split("\n")
+    if text and text[-1] == "":
+        text.pop()
+    numbered = list(enumerate(text, first))
+    if app.json_output:
+        from fleet.cli.render import emit_json
+
+        emit_json({"file": str(path), "lines": [{"line": n, "text": t} for n, t in numbered]})
+    else:
+        _print_lines(numbered)
+    return EXIT_OK
+
+
+def _print_lines(numbered: list[tuple[int, str]]) -> None:
+    out = sys.stdout
+    for _n, text in numbered:
+        out.write(text + "\n")
+    out.flush()
+
+
+# --------------------------------------------------------------------------- remote
+
+
+def _diagnose_hosts(app: AppContext, selected: list[Any], path: str, tail: int | None) -> int:
+    from fleet.diagnosis.engine import exit_code as diag_exit
+    from fleet.diagnosis.remote import diagnose_remote
+    from fleet.transport import exit_code, fan_out
+
+    def run(conn: HostConnection) -> RemoteDiagnosis:
+        return diagnose_remote(conn, path, tail=tail)
+
+    outcomes = fan_out(app.session(), selected, run, forks=app.forks)
+    if app.json_output:
+        from fleet.cli.render import emit_json
+
+        emit_json(hosts_json(outcomes))
+    else:
+        for o in outcomes:
+            _render_outcome(o)
+    transport_rc = exit_code(outcomes)
+    diag_rc = max(
+        (diag_exit(o.value.diagnoses) for o in outcomes if o.ok and o.value is not None),
+        default=EXIT_OK,
+    )
+    if transport_rc == EXIT_UNREACHABLE:
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED if EXIT_FAILED in (transport_rc, diag_rc) else EXIT_OK
+
+
+def hosts_json(outcomes: list[HostOutcome[RemoteDiagnosis]]) -> dict[str, Any]:
+    """``{"hosts": {name: {"diagnoses": [...], "bytes_received": N, ...}}}``."""
+    out: dict[str, Any] = {}
+    for o in outcomes:
+        r = o.value
+        if o.ok and r is not None:
+            out[o.host] = {
+                "ok": True,
+                "path": r.path,
+                "diagnoses": [d.as_contract() for d in r.diagnoses],
+                "bytes_received": r.bytes_received,
+                "file_size": r.file_size,
+                "candidate_lines": r.candidate_lines,
+                "notes": r.notes,
+            }
+        else:
+            entry: dict[str, Any] = {"ok": False, "status": o.status, "error": o.error}
+            if o.hint:
+                entry["hint"] = o.hint
+            out[o.host] = entry
+    return {"hosts": out}
+
+
+def _render_outcome(o: HostOutcome[RemoteDiagnosis]) -> None:
+    from rich.markup import escape
+
+    from fleet.cli.render import console
+
+    out = console()
+    if not o.ok or o.value is None:
+        style = "bold red" if o.status == "unreachable" else "red"
+        out.print(f"[{style}]{escape(o.host)}[/]: {escape(o.error or o.status)}", soft_wrap=True)
+        if o.hint:
+            out.print(f"  [dim]next:[/] {escape(o.hint)}", soft_wrap=True)
+        return
+    r = o.value
+    moved = _size(r.bytes_received)
+    of = f" of {_size(r.file_size)} ({100 * r.fraction:.3g}%)" if r.file_size else ""
+    out.print(
+        f"[bold]{escape(o.host)}[/] [dim]{escape(r.path)} — fetched {moved}{of}, "
+        f"{r.candidate_lines} candidate lines[/]",
+        soft_wrap=True,
+    )
+    for note in r.notes:
+        out.print(f"  [yellow]note:[/] {escape(note)}", soft_wrap=True)
+    render_diagnoses(r.diagnoses, where=f"{o.host}:{r.path}", lines=None)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> int:
+    from fleet.diagnosis.remote import EXIT_NO_FILE, Header, parse_numbered, tail_command
+    from fleet.errors import OperationFailed
+    from fleet.transport import exit_code, fan_out
+
+    def run(conn: HostConnection) -> list[tuple[int, str]]:
+        res = conn.run(tail_command(path, lines), timeout=120.0)
+        if res.exit_code == EXIT_NO_FILE or not res.ok:
+            msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "tail failed"
+            raise OperationFailed(
+                f"{conn.host.name}: {msg}", hint="check the profile name or --path"
+            )
+        text = res.stdout.split("\n")
+        if text and text[-1] == "":
+            text.pop()
+        return list(parse_numbered(text, Header()))
+
+    outcomes = fan_out(app.session(), selected, run, forks=app.forks)
+    if app.json_output:
+        from fleet.cli.render import emit_json
+
+        body: dict[str, Any] = {}
+        for o in outcomes:
+            if o.ok and o.value is not None:
+                body[o.host] = {
+                    "ok": True,
+                    "path": path,
+                    "lines": [{"line": n, "text": t} for n, t in o.value],
+                }
+            else:
+                body[o.host] = {"ok": False, "status": o.status, "error": o.error}
+        emit_json({"hosts": body})
+    else:
+        from rich.markup import escape
+
+        from fleet.cli.render import console
+
+        many = len(outcomes) > 1
+        for o in outcomes:
+            if o.ok and o.value is not None:
+                if many:
+                    console().print(f"[bold]==> {escape(o.host)}:{escape(path)} <==[/]")
+                _print_lines(o.value)
+            else:
+                console().print(f"[red]{escape(o.host)}[/]: {escape(o.error or o.status)}")
+    return exit_code(outcomes)
+
+
+def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -> int:
+    from fleet.diagnosis.engine import exit_code as diag_exit
+    from fleet.diagnosis.remote import follow
+
+    session = app.session()
+    conn = session.connect(host)
+    found: list[Diagnosis] = []
+    try:
+        for _n, text, fresh in follow(conn, path, lines=lines):
+            if not app.json_output:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+            if diagnose and fresh:
+                found.extend(fresh)
+                if app.json_output:
+                    for d in fresh:
+                        doc = {"host": host.name, "diagnosis": d.as_contract()}
+                        sys.stdout.write(json.dumps(doc) + "\n")
+                    sys.stdout.flush()
+                else:
+                    render_diagnoses(fresh, where=f"{host.name}:{path}", lines=None, live=True)
+    except KeyboardInterrupt:
+        pass
+    return diag_exit(found) if diagnose else EXIT_OK
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render_diagnoses(
+    diagnoses: list[Diagnosis], *, where: str, lines: int | None, live: bool = False
+) -> None:
+    """The primary diagnosis as a panel; the others as panels (-v) or one line each."""
+    from rich.console import Group
+    from rich.markup import escape
+    from rich.panel import Panel
+    from rich.text import Text
+
+    from fleet.cli.render import console
+
+    out = console()
+    if not diagnoses:
+        n = f" ({lines} lines)" if lines is not None else ""
+        out.print(f"[green]✓[/] no problems found in {escape(where)}{n}")
+        return
+    for i, d in enumerate(diagnoses):
+        style = SEVERITY_STYLE.get(d.severity, "red")
+        if i > 0 and not live:
+            if i == 1:
+                out.print("[dim]also found (ranked):[/]")
+            first = d.evidence[0].line if d.evidence else "?"
+            out.print(
+                f"  [{style}]{d.severity}[/] [bold]{escape(d.id)}[/] "
+                f"[dim]line {first}:[/] {escape(d.summary)}",
+                soft_wrap=True,
+            )
+            continue
+        body: list[Any] = [Text(d.summary, style="bold")]
+        ev = Text()
+        for e in d.evidence:
+            ev.append(f"{e.line:>7}  ", style="dim")
+            ev.append(e.text[:400] + "\n")
+        if d.count > len(d.evidence):
+            ev.append(f"         … {d.count - len(d.evidence)} more matching lines\n", style="dim")
+        body += [Text("evidence", style="underline"), ev]
+        body.append(Text.assemble(("cause  ", "dim"), d.root_cause))
+        body.append(Text.assemble(("remedy ", "dim"), d.remedy))
+        if d.fix:
+            body.append(Text.assemble(("fix    ", "dim"), (d.fix, "bold green")))
+        label = "root cause" if i == 0 and not live else "found"
+        out.print(
+            Panel(
+                Group(*body),
+                title=f"[{style}]{d.severity}[/] {escape(d.id)} — {escape(d.title)}",
+                subtitle=f"[dim]{label} · {escape(where)}[/]",
+                title_align="left",
+                subtitle_align="right",
+                border_style=style,
+            )
+        )
