@@ -23,8 +23,9 @@ def _status_table(title: str, rows: list[tuple[str, ...]]) -> None:
     from fleet.cli.render import console
 
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    for column in ("host", "vLLM", "address", "state", "python"):
-        table.add_column(column, no_wrap=column != "python")
+    for column in ("host", "vLLM", "address", "state"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("python", overflow="fold")
     for row in rows:
         table.add_row(*row)
     console().print(table)
