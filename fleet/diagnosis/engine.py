@@ -47,6 +47,16 @@ FOLD_SAMPLE = 5000
 
 _FIELD = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
+# The start of a new log record: never the continuation of a line folded by a terminal.
+_RECORD_START = re.compile(
+    r"\s*(?:\([\w.\-]+ pid=\d+|\(pid=\d+|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[\s:]"
+    r"|\d{4}-\d\d-\d\d[T ]\d|\[\d{4}-\d\d-\d\d|Traceback \(|File \"|\[fleet\] )"
+)
+
+
+def looks_like_record_start(text: str) -> bool:
+    return _RECORD_START.match(text) is not None
+
 
 # --------------------------------------------------------------------------- templates
 
@@ -194,7 +204,7 @@ class Engine:
         vis = visible(raw)
         if self._pending is not None:
             first, last, parts = self._pending
-            if lineno == last + 1:
+            if lineno == last + 1 and not looks_like_record_start(vis):
                 parts.append(vis)
                 if len(vis) == self.fold:
                     self._pending = (first, lineno, parts)
@@ -367,7 +377,17 @@ class Engine:
         for matches in unexplained.values():
             groups.append((matches[0].key(), matches))
         groups.sort(key=lambda g: (g[0], g[1][0].rule_id))
-        return [self._build(matches) for _key, matches in groups]
+        # A lower-ranked rule that only matched lines a higher-ranked one already explains
+        # (a generic signature of the same message) adds nothing: drop it.
+        kept: list[list[_Match]] = []
+        explained: set[int] = set()
+        for _key, matches in groups:
+            lines = {m.line for m in matches}
+            if kept and lines <= explained:
+                continue
+            explained |= lines
+            kept.append(matches)
+        return [self._build(matches) for matches in kept]
 
     def _build(self, matches: list[_Match]) -> Diagnosis:
         best = min(matches, key=_Match.key)

@@ -1,0 +1,80 @@
+"""Line normalisation: prefixes of vLLM, CI systems, terminals and log collectors."""
+
+# ruff: noqa: E501  (real vLLM messages are long lines)
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleet.diagnosis.normalize import fold_width, normalize, visible
+
+MSG = "ValueError: No available memory for the cache blocks."
+
+
+@pytest.mark.parametrize(
+    ("raw", "proc", "level"),
+    [
+        (f"(EngineCore_DP0 pid=17374) ERROR 09-28 15:47:24 [core.py:718] {MSG}", "EngineCore_DP0", "ERROR"),
+        (f"(Worker_TP3 pid=9) ERROR 09-28 15:47:24 [multiproc_executor.py:811] {MSG}", "Worker_TP3", "ERROR"),
+        (f"(APIServer pid=1) {MSG}", "APIServer", None),
+        (f"ERROR 09-28 15:47:24 [core.py:718] {MSG}", None, "ERROR"),
+        # pre-0.6 format without the opening bracket
+        (f"ERROR 08-23 08:25:25 multiproc_worker_utils.py:226] {MSG}", None, "ERROR"),
+        # DEBUG file paths shortened with "..."
+        (f"WARNING 09-28 15:47:24 [model_executor/.../fp8_utils.py:12] {MSG}", None, "WARNING"),
+        (f"(RayWorkerWrapper pid=2211, ip=10.0.0.12) ERROR 05-06 14:20:15 [core.py:387] {MSG}",
+         "RayWorkerWrapper", "ERROR"),
+        (f"(pid=77) {MSG}", "pid77", None),
+        (f"(VllmWorkerProcess pid=232) ERROR 08-23 08:25:25 multiproc_worker_utils.py:226] {MSG}",
+         "VllmWorkerProcess", "ERROR"),
+        (f"ERROR:    {MSG}", None, "ERROR"),
+        (f"2025-09-28T15:47:24.1234567Z (EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] {MSG}",
+         "EngineCore_DP0", "ERROR"),
+        (f"[2025-09-28 15:47:24] {MSG}", None, None),
+        (f"  123 | (EngineCore_DP0 pid=1) {MSG}", "EngineCore_DP0", None),
+        (f"vllm-1  | (EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] {MSG}",
+         "EngineCore_DP0", "ERROR"),
+        (f"Sep 28 15:47:24 gpu-01 vllm[1234]: {MSG}", None, None),
+        (f"[pod/vllm-0/vllm] {MSG}", None, None),
+        (f"(EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] {MSG} [repeated 7x across cluster]",
+         "EngineCore_DP0", "ERROR"),
+    ],
+)
+def test_prefixes_are_stripped(raw: str, proc: str | None, level: str | None) -> None:
+    n = normalize(raw)
+    assert n.text == MSG
+    assert n.proc == proc
+    assert n.level == level
+
+
+def test_traceback_indentation_survives() -> None:
+    raw = '(EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:718]   File "/x/core.py", line 1, in f'
+    assert normalize(raw).text == '  File "/x/core.py", line 1, in f'
+
+
+def test_ansi_and_carriage_returns() -> None:
+    raw = f"\x1b[36m(EngineCore_DP0 pid=1)\x1b[0m \x1b[1;31mERROR\x1b[0m 09-28 15:47:24 [core.py:1] {MSG}"
+    assert normalize(raw).text == MSG
+    bar = "Loading: 10%|#   | 1/10\rLoading: 50%|#####| 5/10\rLoading: 100%|##########| 10/10\r"
+    assert visible(bar) == "Loading: 100%|##########| 10/10"
+    assert normalize(f"Loading 3%\r{MSG}\n").text == MSG
+
+
+def test_json_logging_takes_message_and_exc_info() -> None:
+    raw = json.dumps({"asctime": "x", "levelname": "ERROR", "message": "EngineCore failed to start.",
+                      "exc_info": f"Traceback (most recent call last):\n{MSG}"})
+    assert normalize(raw).text.splitlines()[-1] == MSG
+
+
+def test_control_characters_removed() -> None:
+    assert normalize(f"\x00\x07{MSG}").text == MSG
+
+
+def test_fold_width_detects_terminal_wrapping() -> None:
+    lengths = [80] * 40 + [12, 33, 79, 5] * 10
+    assert fold_width(lengths) == 80
+    # an unfolded log: long lines of many lengths
+    assert fold_width([50 + (i * 7) % 90 for i in range(200)]) is None
+    assert fold_width([]) is None
