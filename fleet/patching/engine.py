@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import pairwise
 from typing import Any, Literal
 
 import jinja2
@@ -173,9 +174,14 @@ class _Render:
         env.filters["pyrepr"] = repr
         env.filters["pystr"] = json.dumps
         self.env = env
+        self._templates: dict[tuple[str, str], jinja2.Template] = {}
 
     def template(self, patch_set: PatchSet, name: str) -> jinja2.Template:
-        return self.env.from_string(patch_set.template_text(name))
+        key = (str(patch_set.directory), name)
+        found = self._templates.get(key)
+        if found is None:
+            found = self._templates[key] = self.env.from_string(patch_set.template_text(name))
+        return found
 
     def condition(self, expr: str, context: Mapping[str, Any]) -> bool:
         try:
@@ -453,18 +459,28 @@ def plan_file(
     if not missing:
         return FilePlan(path, "already-applied", text, edits=present)
 
-    # every anchor is first located in the ORIGINAL text, so that a conflict names the
-    # file's own line numbers; then the edits are applied one after the other
-    for edit in missing:
+    # every anchor is located in the ORIGINAL text (so a conflict names the file's own
+    # line numbers); the edits must not overlap, and are spliced in one pass
+    splices: list[tuple[int, int, int, str]] = []  # (start, end, manifest order, text)
+    for order, edit in enumerate(missing):
         located = _locate(path, edit, text)
         if isinstance(located, Conflict):
             return FilePlan(path, "conflict", text, conflict=located)
-    new = text
-    for edit in missing:
-        result = _apply_edit(patch_set, path, edit, new, context)
-        if isinstance(result, Conflict):
-            return FilePlan(path, "conflict", text, conflict=result)
-        new = result
+        splices.append(_splice(patch_set, edit, text, located, context, order))
+    splices.sort(key=lambda s: (s[0], s[1], s[2]))
+    for (_, e1, _, _), (s2, _, _, _) in pairwise(splices):
+        if s2 < e1:
+            raise UsageError(
+                f"patch set {patch_set.name}: two edits of {path} overlap (fix the manifest)"
+            )
+    pieces: list[str] = []
+    pos = 0
+    for start, end, _, rendered in splices:
+        pieces.append(text[pos:start])
+        pieces.append(rendered)
+        pos = end
+    pieces.append(text[pos:])
+    new = "".join(pieces)
     try:
         ast.parse(new)
     except SyntaxError as exc:
@@ -532,12 +548,15 @@ def _locate(path: str, edit: Edit, text: str) -> re.Match[str] | tuple[int, int]
     )
 
 
-def _apply_edit(
-    patch_set: PatchSet, path: str, edit: Edit, text: str, context: Mapping[str, Any]
-) -> str | Conflict:
-    match = _locate(path, edit, text)
-    if isinstance(match, Conflict):
-        return match
+def _splice(
+    patch_set: PatchSet,
+    edit: Edit,
+    text: str,
+    match: re.Match[str] | tuple[int, int],
+    context: Mapping[str, Any],
+    order: int,
+) -> tuple[int, int, int, str]:
+    """(start, end, order, replacement) for one located edit."""
     groups: dict[str, str] = {}
     if isinstance(match, re.Match):
         groups = {k: (v or "") for k, v in match.groupdict().items()}
@@ -555,10 +574,10 @@ def _apply_edit(
             f"its marker {marker!r}"
         )
     if edit.action == "insert_before":
-        return text[:start] + rendered + text[start:]
+        return start, start, order, rendered
     if edit.action == "insert_after":
-        return text[:end] + rendered + text[end:]
-    return text[:start] + rendered + text[end:]
+        return end, end, order, rendered
+    return start, end, order, rendered
 
 
 def _start(match: re.Match[str] | tuple[int, int]) -> int:

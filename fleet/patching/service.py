@@ -8,6 +8,8 @@ Transport faults raise (``ConnectError`` -> unreachable, ``OperationFailed`` -> 
 
 from __future__ import annotations
 
+import copy
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -93,6 +95,28 @@ class HostReport:
         return out
 
 
+_PLAN_CACHE: dict[tuple[str, str, str, tuple[tuple[str, str | None], ...]], HostPlan] = {}
+_PLAN_LOCKS: dict[tuple[str, str, str, tuple[tuple[str, str | None], ...]], threading.Lock] = {}
+_PLAN_GUARD = threading.Lock()
+
+
+def cached_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan:
+    """``plan_host`` once per distinct (patch set, vLLM version, file contents) in this
+    process: a fleet of identical hosts is planned once, not once per host."""
+    key = (
+        str(patch_set.directory),
+        patch_set.name,
+        fetched.vllm_version,
+        tuple(sorted((p, f.sha256 if f.exists else None) for p, f in fetched.files.items())),
+    )
+    with _PLAN_GUARD:
+        lock = _PLAN_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key not in _PLAN_CACHE:
+            _PLAN_CACHE[key] = plan_host(patch_set, fetched.vllm_version, fetched.texts())
+        return copy.deepcopy(_PLAN_CACHE[key])
+
+
 def _from_plan(f: FilePlan, with_diff: bool) -> FileReport:
     return FileReport(
         path=f.path,
@@ -125,7 +149,7 @@ def apply_host(
     """Plan the patch set on the host's real files and, unless ``check``, write it."""
     paths = [f.path for f in patch_set.manifest.files]
     fetched = remote.fetch(conn, patch_set.name, paths, backup_root=backup_root)
-    plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
+    plan = cached_plan(patch_set, fetched)
     _undecodable(fetched, plan)
     # the sha256 the host reported must be the text the engine saw
     for f in plan.files:

@@ -1,0 +1,307 @@
+"""``fleet patch`` against real sshd hosts holding real vLLM trees of several versions.
+
+Every check of a host's files goes through its own Python over a separate SSH
+connection (sha256 of each target file, backup directory present or not), never
+through fleet's patch code, so the tests observe what really is on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from fleet.inventory import load_inventory
+from fleet.patching.manifest import load_patch_set
+from fleet.sandbox.core import Sandbox
+from fleet.transport import Session
+
+pytestmark = pytest.mark.integration
+
+VERSIONS = ("0.11.0", "0.13.0", "0.15.0", "0.16.0", "0.17.0", "0.18.0")
+PATHS = [f.path for f in load_patch_set().manifest.files]
+DS = "model_executor/models/deepseek_v2.py"
+
+# Runs on the host with its own interpreter: package dir, sha256 of each target file,
+# the fleet backup directory of the patch set, and fleet temp files next to the targets.
+PROBE = r"""
+import glob, hashlib, importlib.util, json, os, sys
+spec = importlib.util.find_spec("vllm")
+pkg = os.path.realpath(list(spec.submodule_search_locations)[0])
+out = {"package_dir": pkg, "files": {}, "temps": []}
+for rel in sys.argv[1:]:
+    p = os.path.join(pkg, *rel.split("/"))
+    if os.path.exists(p):
+        out["files"][rel] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    else:
+        out["files"][rel] = None
+    temps = "." + os.path.basename(p) + ".fleet-tmp-*"
+    out["temps"] += glob.glob(os.path.join(os.path.dirname(p), temps))
+root = os.path.expanduser("~/.fleet/patches/eagle3-deepseek")
+out["backups"] = sorted(os.listdir(root)) if os.path.isdir(root) else None
+print(json.dumps(out))
+"""
+
+
+def probe(box: Sandbox) -> dict[str, dict[str, Any]]:
+    inv = load_inventory(str(box.inventory_path))
+    out: dict[str, dict[str, Any]] = {}
+    with Session(inv) as session:
+        for spec in inv.select(["all"]):
+            conn = session.connect(spec)
+            res = conn.run([spec.python, "-c", PROBE, *PATHS], timeout=60).check("probe")
+            out[spec.name] = json.loads(res.stdout)
+    return out
+
+
+def shas(box: Sandbox) -> dict[str, dict[str, str | None]]:
+    return {h: p["files"] for h, p in probe(box).items()}
+
+
+def run_json(box: Sandbox, *args: str, code: int = 0) -> dict[str, Any]:
+    proc = box.run_fleet("--json", "patch", *args)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc["hosts"]
+
+
+def statuses(doc: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {h: {f["path"]: f["status"] for f in r["files"]} for h, r in doc.items()}
+
+
+def by_version(box: Sandbox) -> dict[str, str]:
+    return {h.name: h.vllm for h in box.hosts}
+
+
+@pytest.mark.sandbox(hosts=6, vllm=VERSIONS)
+def test_apply_again_revert_apply_across_versions(sandbox: Sandbox) -> None:
+    versions = by_version(sandbox)
+    original = shas(sandbox)
+    assert all(p["backups"] is None for p in probe(sandbox).values())
+
+    # --check and --diff write nothing: same sha256, no backup directory
+    checked = run_json(sandbox, "--host", "all", "--check")
+    assert all(r["ok"] for r in checked.values())
+    for host, files in statuses(checked).items():
+        if versions[host] == "0.18.0":
+            assert set(files.values()) == {"not-needed"}
+        else:
+            assert files[DS] == "would-apply"
+            assert ("would-apply" in files.values()) and "applied" not in files.values()
+    diff = sandbox.run_fleet("patch", "--host", "all", "--diff")
+    assert diff.returncode == 0, diff.stderr
+    assert f"--- a/vllm/{DS}" in diff.stdout and "+class DeepseekV2ForCausalLM(" in diff.stdout
+    after_dry = probe(sandbox)
+    assert {h: p["files"] for h, p in after_dry.items()} == original
+    assert all(p["backups"] is None for p in after_dry.values())
+
+    # apply: the JSON contract, and the hosts really carry the planned sha256
+    applied = run_json(sandbox, "--host", "all")
+    now = shas(sandbox)
+    for host, report in applied.items():
+        assert report["ok"] is True and report["vllm_version"] == versions[host]
+        for f in report["files"]:
+            assert set(f) >= {"path", "status", "sha256_before", "sha256_after"}
+            assert f["sha256_before"] == original[host][f["path"]]
+            assert f["sha256_after"] == now[host][f["path"]]
+            if versions[host] == "0.18.0":
+                assert f["status"] == "not-needed"
+        if versions[host] != "0.18.0":
+            assert statuses(applied)[host][DS] == "applied"
+            assert now[host][DS] != original[host][DS]
+    assert now[_host_of(versions, "0.18.0")] == original[_host_of(versions, "0.18.0")]
+    kimi = "model_executor/models/kimi_k25.py"
+    assert statuses(applied)[_host_of(versions, "0.13.0")][kimi] == "not-needed"
+    assert statuses(applied)[_host_of(versions, "0.15.0")][kimi] == "applied"
+
+    # fleet inspect now sees EAGLE-3 support on every host
+    inspected = json.loads(sandbox.run_fleet("--json", "inspect", "--host", "all").stdout)
+    for host, facts in inspected["hosts"].items():
+        assert facts["vllm"]["eagle3"]["DeepseekV3ForCausalLM"] is True, host
+
+    # apply again: already-applied, nothing changes, exit 0
+    again = run_json(sandbox, "--host", "all")
+    assert shas(sandbox) == now
+    for host, files in statuses(again).items():
+        assert set(files.values()) <= {"already-applied", "not-needed"}
+        assert (versions[host] == "0.18.0") or ("already-applied" in files.values())
+
+    # revert: byte-identical originals, backups gone
+    reverted = run_json(sandbox, "--host", "all", "--revert")
+    assert shas(sandbox) == original
+    assert all(p["backups"] is None for p in probe(sandbox).values())
+    for host, files in statuses(reverted).items():
+        want = "not-needed" if versions[host] == "0.18.0" else "reverted"
+        assert files[DS] == want
+
+    # and apply once more
+    run_json(sandbox, "--host", "all")
+    assert shas(sandbox) == now
+
+
+def _host_of(versions: dict[str, str], version: str) -> str:
+    return next(h for h, v in versions.items() if v == version)
+
+
+SED_HAND_PATCH = (
+    "s/for layer in islice(self.layers, self.start_layer, self.end_layer):/"
+    "for i, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer)):/"
+)
+
+
+@pytest.mark.sandbox(hosts=2, vllm=("0.17.0",))
+def test_hand_edited_host_gets_a_conflict_and_keeps_its_files(sandbox: Sandbox) -> None:
+    edited, other = (h.name for h in sandbox.hosts)
+    inv = load_inventory(str(sandbox.inventory_path))
+    pkg = probe(sandbox)[edited]["package_dir"]
+    with Session(inv) as session:
+        spec = inv.select([edited])[0]
+        session.connect(spec).run(["sed", "-i", SED_HAND_PATCH, f"{pkg}/{DS}"], timeout=30).check(
+            "sed"
+        )
+    before = shas(sandbox)
+    proc = sandbox.run_fleet("patch", "--host", "all")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{edited}: conflict: {DS} [edit model-loop in DeepseekV2Model.forward]" in proc.stdout
+    assert "enumerate(islice(self.layers, self.start_layer, self.end_layer))" in proc.stdout
+    assert f"nothing was written on {edited}" in proc.stdout
+    after = probe(sandbox)
+    assert after[edited]["files"] == before[edited]  # every file of that host kept
+    assert after[edited]["backups"] is None
+    assert after[other]["files"][DS] != before[other][DS]  # the other host was patched
+
+    doc = run_json(sandbox, "--host", edited, code=1)
+    conflict = next(f for f in doc[edited]["files"] if f["status"] == "conflict")
+    assert conflict["path"] == DS and conflict["conflict"]["edit"] == "model-loop"
+    assert conflict["conflict"]["candidates"][0]["text"].strip().startswith("for i, layer in")
+    assert doc[edited]["ok"] is False
+
+
+# (fault point, files expected patched when the write script is killed there)
+CUTS = [("after-backup", 0), ("after-temp", 0), ("after-first-rename", 1), ("after-rename", 4)]
+
+
+@pytest.mark.sandbox(hosts=1, vllm=("0.15.0",))
+@pytest.mark.parametrize(("point", "n_patched"), CUTS, ids=[c[0] for c in CUTS])
+def test_connection_cut_during_apply(sandbox: Sandbox, point: str, n_patched: int) -> None:
+    """sshd and the write script are SIGKILLed while the script pauses at ``point``."""
+    (host,) = (h.name for h in sandbox.hosts)
+    original = shas(sandbox)[host]
+    run_json(sandbox, "--host", "all", "--check")
+    planned = {
+        f["path"]: f["sha256_after"]
+        for f in run_json(sandbox, "--host", "all", "--check")[host]["files"]
+    }
+    env = sandbox.fleet_env()
+    env["FLEET_PATCH_FAULT"] = f"{point}:sleep=30"
+    cmd = [
+        sys.executable,
+        "-m",
+        "fleet",
+        "--inventory",
+        str(sandbox.inventory_path),
+        "--json",
+        "patch",
+        "--host",
+        "all",
+    ]
+    fleet = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for_pause(sandbox, point, original, planned)
+        sandbox.kill_host(host)
+        out, err = fleet.communicate(timeout=60)
+    finally:
+        if fleet.poll() is None:
+            fleet.kill()
+    assert fleet.returncode == 3, out + err
+    assert json.loads(out)["hosts"][host]["status"] == "unreachable"
+
+    sandbox.start_host(host)
+    now = shas(sandbox)[host]
+    patched = [p for p in now if now[p] != original[p]]
+    for path, sha in now.items():
+        assert sha in (original[path], planned[path]), f"{path} half-written"
+    assert len(patched) == n_patched, patched
+
+    # the next run completes the job (and cleans temp files); revert restores all
+    done = run_json(sandbox, "--host", "all")[host]
+    assert done["ok"] and shas(sandbox)[host] == planned
+    assert probe(sandbox)[host]["temps"] == []
+    assert {f["status"] for f in done["files"]} <= {"applied", "already-applied", "not-needed"}
+    run_json(sandbox, "--host", "all", "--revert")
+    assert shas(sandbox)[host] == original
+
+
+def _wait_for_pause(
+    box: Sandbox, point: str, original: dict[str, str | None], planned: dict[str, str | None]
+) -> None:
+    """Wait, observing the host over SSH, until the write script sits at ``point``."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        p = next(iter(probe(box).values()))
+        changed = [f for f in p["files"] if p["files"][f] != original[f]]
+        reached = {
+            "after-backup": bool(p["backups"]),
+            "after-temp": len(p["temps"]) == 4,
+            "after-first-rename": len(changed) == 1,
+            "after-rename": len(changed) == 4 and all(p["files"][f] == planned[f] for f in changed),
+        }[point]
+        if reached:
+            time.sleep(0.2)
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the write script never reached {point}")
+
+
+@pytest.mark.sandbox(hosts=3, vllm=("0.16.0", "0.18.0"))
+def test_unreachable_host_and_bad_input(sandbox: Sandbox) -> None:
+    down = sandbox.hosts[0].name
+    sandbox.stop_host(down)
+    proc = sandbox.run_fleet("--json", "patch", "--host", "all")
+    assert proc.returncode == 3, proc.stderr
+    doc = json.loads(proc.stdout)["hosts"]
+    assert doc[down]["ok"] is False and doc[down]["status"] == "unreachable"
+    assert all(doc[h.name]["ok"] for h in sandbox.hosts[1:])
+
+    bad = sandbox.run_fleet("patch", "--host", "all", "--patch", "no-such-set")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "unknown patch set" in bad.stderr
+    assert "Traceback" not in bad.stderr and bad.stdout == ""
+    force = sandbox.run_fleet("patch", "--host", "all", "--force")
+    assert force.returncode == 2 and "--revert" in force.stderr
+
+
+@pytest.mark.sandbox(hosts=1, vllm=("0.17.0",))
+def test_revert_refuses_changed_file_unless_forced(sandbox: Sandbox) -> None:
+    (host,) = (h.name for h in sandbox.hosts)
+    original = shas(sandbox)[host]
+    run_json(sandbox, "--host", "all")
+    pkg = probe(sandbox)[host]["package_dir"]
+    inv = load_inventory(str(sandbox.inventory_path))
+    with Session(inv) as session:
+        conn = session.connect(inv.select([host])[0])
+        conn.run(
+            ["sh", "-c", f"echo '# local tweak' >> {pkg}/config/speculative.py"], timeout=30
+        ).check("append")
+    tweaked = shas(sandbox)[host]
+    refused = run_json(sandbox, "--host", "all", "--revert", code=1)[host]
+    assert statuses({host: refused})[host]["config/speculative.py"] == "conflict"
+    assert shas(sandbox)[host] == tweaked  # nothing reverted
+    forced = run_json(sandbox, "--host", "all", "--revert", "--force")[host]
+    assert forced["ok"] and shas(sandbox)[host] == original
+
+
+def test_check_on_the_shared_fleet(shared_sandbox: Sandbox) -> None:
+    """Read-only: the sandbox trees cannot even be imported (no torch); --check never
+    tries, and reports the 0.17 hosts as would-apply, the 0.18 host as not-needed."""
+    doc = run_json(shared_sandbox, "--host", "all", "--check")
+    for host in shared_sandbox.hosts:
+        files = statuses(doc)[host.name]
+        want = "not-needed" if host.vllm == "0.18.0" else "would-apply"
+        assert files[DS] == want
