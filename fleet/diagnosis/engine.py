@@ -58,6 +58,11 @@ def looks_like_record_start(text: str) -> bool:
     return _RECORD_START.match(text) is not None
 
 
+# A traceback frame line; the line after it is source code (``raise ValueError("...`` can
+# quote a message), which is never evidence.
+_FRAME = re.compile(r'File ["\u201c][^"\u201d]*["\u201d], line \d+')
+
+
 # --------------------------------------------------------------------------- templates
 
 
@@ -191,6 +196,7 @@ class Engine:
         self._covered_texts: set[str] = set()
         self._facts: dict[str, str] = {}
         self._open: list[_Match] = []
+        self._last_frame = -2
         self.lines_seen = 0
         self.candidates = 0
 
@@ -238,11 +244,16 @@ class Engine:
         if self._open:
             self._fill_context(lineno, raw)
         cat = self.cat
+        after_frame = lineno == self._last_frame + 1
+        if "File " in raw and _FRAME.search(raw):
+            self._last_frame = lineno
         gated = cat.is_candidate(raw)
         if not gated and not cat.is_info_candidate(raw):
             return
         norm = normalize(raw)
         entry[2][0] = norm.text
+        if after_frame and not cat.exception_line.match(norm.text):
+            return  # the source line of a traceback frame
         for text in norm.text.split("\n") if "\n" in norm.text else (norm.text,):
             self._match_line(lineno, text, norm, gated)
 
