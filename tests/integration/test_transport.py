@@ -131,9 +131,15 @@ def test_sshd_killed_mid_run(sandbox: Sandbox) -> None:
     with Session(inv) as session:
         for h in hosts:
             session.connect(h)
-        killer = threading.Timer(1.0, sandbox.kill_host, args=(victim,))
+        mark = sandbox.log_marks()[victim]
+
+        def kill_when_running() -> None:  # kill the host while its command runs
+            if sandbox.wait_for_log(victim, "Starting session", since=mark):
+                sandbox.kill_host(victim)
+
+        killer = threading.Thread(target=kill_when_running)
         killer.start()
-        outcomes = fan_out(session, hosts, lambda c: c.run("sleep 3; echo done", timeout=30).stdout)
+        outcomes = fan_out(session, hosts, lambda c: c.run("sleep 5; echo done", timeout=30).stdout)
         killer.join()
     by = {o.host: o for o in outcomes}
     assert by[victim].status == "unreachable"
