@@ -260,25 +260,12 @@ class Harness:
             },
         )
 
-        # the real SupportsEagle3 protocol of this version, and vLLM's supports_eagle3()
-        ifaces = original_source(version, IFACES)
-        tree = ast.parse(ifaces)
-        proto_nodes = [
-            n
-            for n in tree.body
-            if isinstance(n, ast.ClassDef) and n.name in ("SupportsEagleBase", "SupportsEagle3")
-        ]
-        from typing import ClassVar, Literal, Protocol, runtime_checkable
-
-        pns: dict[str, Any] = {
-            "ClassVar": ClassVar,
-            "Literal": Literal,
-            "Protocol": Protocol,
-            "runtime_checkable": runtime_checkable,
-            "torch": None,
-        }
-        compile_nodes(proto_nodes, pns, f"vllm-{version}/{IFACES}")
-        protocol = pns["SupportsEagle3"]
+        # the real interface classes of this version (SupportsEagle3, SupportsPP,
+        # SupportsMultiModal, ...), so that the patched class statements are built with
+        # their real bases (a consistent MRO) and checked with vLLM's supports_eagle3()
+        interfaces = Interfaces(version)
+        protocol = interfaces.get("SupportsEagle3")
+        assert protocol is not None
         h.protocol = protocol
         h.supports_eagle3 = lambda m: isinstance(m, protocol)
 
@@ -288,9 +275,8 @@ class Harness:
             bases: list[type] = []
             for b in node.bases:
                 text = ast.unparse(b)
-                bases.append(
-                    protocol if text == "SupportsEagle3" else type(text.replace(".", "_"), (), {})
-                )
+                real = interfaces.get(text)
+                bases.append(real or type(text.replace(".", "_"), (), {}))
             body: dict[str, Any] = {}
             for meth in methods:
                 body[meth] = load_function(
@@ -315,9 +301,52 @@ class Harness:
         return h
 
     def deepseek(self, num_layers: int, start: int, end: int) -> Any:
-        lm = self.causal_lm_cls.__new__(self.causal_lm_cls)
+        lm = object.__new__(self.causal_lm_cls)  # no __init__ (and no SupportsQuant.__new__)
         lm.model = self.model_cls(num_layers, start, end)
         return lm
+
+
+class _Anything:
+    """A permissive stand-in for torch & co. inside class bodies of interfaces.py."""
+
+    def __getattr__(self, name: str) -> _Anything:
+        return _Anything()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Anything:
+        return _Anything()
+
+    def __getitem__(self, key: Any) -> _Anything:
+        return _Anything()
+
+
+class Interfaces:
+    """Classes of ``model_executor/models/interfaces.py``, compiled on demand."""
+
+    def __init__(self, version: str) -> None:
+        import contextlib
+        import typing
+
+        self.version = version
+        tree = ast.parse(original_source(version, IFACES))
+        self.nodes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        self.ns: dict[str, Any] = {k: getattr(typing, k) for k in typing.__all__}
+        self.ns.update(
+            contextmanager=contextlib.contextmanager,
+            nullcontext=contextlib.nullcontext,
+            torch=_Anything(),
+            logger=_Anything(),
+        )
+
+    def get(self, name: str) -> type | None:
+        if name not in self.nodes:
+            return None
+        if name not in self.ns:
+            for base in self.nodes[name].bases:
+                self.get(ast.unparse(base))
+            compile_nodes([self.nodes[name]], self.ns, f"vllm-{self.version}/{IFACES}")
+        found = self.ns[name]
+        assert isinstance(found, type)
+        return found
 
 
 @contextmanager
@@ -494,6 +523,7 @@ def test_runner_flow_on_the_outer_models(version: str) -> None:
     h = Harness.build(version)
     h.pp = PPGroup(True, True)
     lm = h.deepseek(61, 0, 61)  # Kimi-K2 / DeepSeek-V3: 61 layers
+    assert h.protocol in type(lm).__mro__  # built with the real interface bases
     assert h.supports_eagle3(lm)
     layers = lm.get_eagle3_aux_hidden_state_layers()
     assert layers == (2, 30, 58)
@@ -504,7 +534,7 @@ def test_runner_flow_on_the_outer_models(version: str) -> None:
     if h.kimi_cls is None:
         assert version in ("0.10.2", "0.11.0", "0.13.0")
         return
-    kimi = h.kimi_cls.__new__(h.kimi_cls)
+    kimi = object.__new__(h.kimi_cls)
     inner = h.deepseek(61, 0, 61)
     bare = "= DeepseekV2Model(" in (patched_sources(version)[KIMI] or "")
     kimi.language_model = inner.model if bare else inner
@@ -519,13 +549,22 @@ def test_runner_flow_on_the_outer_models(version: str) -> None:
 
 @pytest.mark.parametrize("version", ["0.15.0", "0.16.0", "0.17.0"])
 def test_unpatched_kimi_fails_the_runner_check(version: str) -> None:
-    """Negative control: the original wrapper is rejected by the real protocol."""
+    """Negative control: the ORIGINAL wrapper class, built with its real interface bases,
+    is rejected by supports_eagle3() - the runner's "does not support EAGLE3 interface"."""
     h = Harness.build(version)
-    node = find_def(ast.parse(original_source(version, KIMI)), "KimiK25ForConditionalGeneration")
-    assert isinstance(node, ast.ClassDef)
-    assert "SupportsEagle3" not in [ast.unparse(b) for b in node.bases]
-    plain = type("KimiK25ForConditionalGeneration", (), {})()
-    assert not h.supports_eagle3(plain)
+    interfaces = Interfaces(version)
+    for source, ok in (
+        (original_source(version, KIMI), False),
+        (patched_sources(version)[KIMI] or "", True),
+    ):
+        node = find_def(ast.parse(source), "KimiK25ForConditionalGeneration")
+        assert isinstance(node, ast.ClassDef)
+        bases = tuple(
+            interfaces.get(ast.unparse(b)) or type(ast.unparse(b).replace(".", "_"), (), {})
+            for b in node.bases
+        )
+        cls = type("KimiK25ForConditionalGeneration", bases, {})
+        assert h.supports_eagle3(object.__new__(cls)) is ok
 
 
 # -- the EAGLE proposer's load_model, Kimi-K2.5 part --------------------------------------
