@@ -694,3 +694,21 @@ def test_kimi_view_is_needed_on_0_15() -> None:
     target, _, _ = make_kimi_target("0.15.0")
     with pytest.raises(AttributeError, match="model"):
         tail(make_proposer(ns), target)
+
+
+@pytest.mark.parametrize("rank", RANKS, ids=[r.label for r in RANKS])
+def test_upstream_0_18_parity(rank: Rank) -> None:
+    """The same scenarios on vLLM 0.18's own (unpatched) code: the patch captures exactly
+    what upstream captures; only upstream crashes when layer 0 is requested (no guard
+    for ``residual is None``)."""
+    upstream = Harness.build("0.18.0")
+    ours = Harness.build("0.17.0")
+    mine = run_rank(ours, rank)
+    if 0 in (rank.aux or ()) and rank.first:
+        with pytest.raises(AssertionError, match="adding None"):
+            run_rank(upstream, rank)
+        return
+    theirs = run_rank(upstream, rank)
+    assert check_rank(rank, theirs) == []
+    assert theirs["captured"] == mine["captured"]
+    assert repr(theirs["out"]) == repr(mine["out"]) or not rank.last
