@@ -52,6 +52,7 @@ class CompiledCatalogue:
     benign: tuple[re.Pattern[str], ...]
     facts: tuple[tuple[str, re.Pattern[str]], ...]
     prefilter_literals: tuple[str, ...]
+    context_literals_bytes: tuple[bytes, ...] = ()  # gates within context-regex literals
     rules: dict[str, Rule] = field(default_factory=dict)
 
     def prefilter_ere(self) -> list[str]:
@@ -83,6 +84,11 @@ def _minimize(literals: set[str]) -> tuple[str, ...]:
     return tuple(sorted(keep))
 
 
+def _gate_in(literal: str, gates: tuple[str, ...]) -> str:
+    """The shortest gate contained in ``literal`` (a cheaper needle that still finds it)."""
+    return min((g for g in gates if g in literal), key=len)
+
+
 def _covered(literal: str, gates: tuple[str, ...]) -> bool:
     return any(g in literal for g in gates)
 
@@ -106,6 +112,7 @@ def compile_catalogue(cat: Catalogue) -> CompiledCatalogue:
     if any(len(g) < 3 for g in (*gates, *info_gates)):
         raise CatalogueError("gates must be at least 3 characters long")
     literals: set[str] = set()
+    context_literals: set[str] = set()
     compiled: list[CompiledPattern] = []
     for rule in cat.rules:
         for i, spec in enumerate(rule.patterns):
@@ -116,7 +123,9 @@ def compile_catalogue(cat: Catalogue) -> CompiledCatalogue:
             literals.update(lits)
             ctx: ContextSpec | None = spec.context
             if ctx is not None:
-                literals.update(_literals_for(ctx.regex, f"{what} context", gates))
+                ctx_lits = _literals_for(ctx.regex, f"{what} context", gates)
+                literals.update(ctx_lits)
+                context_literals.update(ctx_lits)
             compiled.append(
                 CompiledPattern(
                     rule=rule,
@@ -160,6 +169,9 @@ def compile_catalogue(cat: Catalogue) -> CompiledCatalogue:
         benign=tuple(re.compile(b.regex) for b in cat.benign),
         facts=tuple(facts),
         prefilter_literals=_minimize(literals),
+        context_literals_bytes=tuple(
+            sorted({_gate_in(lit, gates).encode() for lit in context_literals})
+        ),
         rules={r.id: r for r in cat.rules},
     )
 

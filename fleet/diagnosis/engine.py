@@ -33,7 +33,13 @@ from fleet.diagnosis.models import (
     Evidence,
     Rule,
 )
-from fleet.diagnosis.normalize import Normalized, fold_width, normalize, visible
+from fleet.diagnosis.normalize import (
+    Normalized,
+    fold_width,
+    looks_like_record_start,
+    normalize,
+    visible,
+)
 
 MAX_EVIDENCE = 5
 CONTEXT_LINES = 2
@@ -46,17 +52,6 @@ MAX_EXCEPTIONS = 2000  # distinct unexplained exception lines remembered
 FOLD_SAMPLE = 5000
 
 _FIELD = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
-
-# The start of a new log record: never the continuation of a line folded by a terminal.
-_RECORD_START = re.compile(
-    r"\s*(?:\([\w.\-]+ pid=\d+|\(pid=\d+|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[\s:]"
-    r"|\d{4}-\d\d-\d\d[T ]\d|\[\d{4}-\d\d-\d\d|Traceback \(|File \"|\[fleet\] )"
-)
-
-
-def looks_like_record_start(text: str) -> bool:
-    return _RECORD_START.match(text) is not None
-
 
 # A traceback frame line; the line after it is source code (``raise ValueError("...`` can
 # quote a message), which is never evidence.
@@ -445,7 +440,7 @@ class Engine:
 
 
 def _peek_fold(lines: list[str]) -> int | None:
-    return fold_width(len(visible(line)) for line in lines[:FOLD_SAMPLE])
+    return fold_width([visible(line) for line in lines[:FOLD_SAMPLE]])
 
 
 def diagnose_numbered(

@@ -11,10 +11,10 @@ lines keep their indentation (``  File ...``), which the engine relies on.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 # ANSI/VT100: CSI sequences, OSC (title, hyperlinks), and two-character escapes.
@@ -135,22 +135,38 @@ def normalize(raw: str) -> Normalized:
     return Normalized(text.rstrip(), proc, level)
 
 
-def fold_width(lengths: Iterable[int], *, min_width: int = 40) -> int | None:
+# The start of a new log record (never the continuation of a line a terminal folded).
+_RECORD_START = re.compile(
+    r"\s*(?:\([\w.\-]+ pid=\d+|\(pid=\d+|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[\s:]"
+    r"|\d{4}-\d\d-\d\d[T ]\d|\[\d{4}-\d\d-\d\d|Traceback \(|File \"|\[fleet\] "
+    r"|(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:)"
+)
+
+
+def looks_like_record_start(text: str) -> bool:
+    return _RECORD_START.match(text) is not None
+
+
+def fold_width(lines: list[str], *, min_width: int = 40) -> int | None:
     """The terminal width a log was folded at, if it looks folded.
 
-    A log copied from a terminal has its long lines cut at exactly the terminal width, so
-    one length >= ``min_width`` dominates the long lines and almost nothing is longer.
+    A log copied from a terminal has its long lines cut at exactly the terminal width W:
+    no line is longer than W, many are exactly W long, and those are mostly followed by a
+    line that does not start a new record (the rest of the folded message). Identical
+    full-length records (a repeated metrics line) do not qualify.
     """
-    counts: Counter[int] = Counter()
-    total = 0
-    for n in lengths:
-        total += 1
-        if n >= min_width:
-            counts[n] += 1
+    if len(lines) < 2:
+        return None
+    counts: Counter[int] = Counter(len(x) for x in lines if len(x) >= min_width)
     if not counts:
         return None
-    width, hits = counts.most_common(1)[0]
-    longer = sum(c for n, c in counts.items() if n > width)
-    if hits >= 3 and hits >= 0.05 * total and longer <= max(1, hits // 20):
-        return width
-    return None
+    width = max(counts)
+    hits = counts[width]
+    if hits < 3 or hits < 0.05 * len(lines):
+        return None
+    continued = sum(
+        1
+        for a, b in itertools.pairwise(lines)
+        if len(a) == width and b and not looks_like_record_start(b)
+    )
+    return width if continued >= 3 and continued * 3 >= hits else None

@@ -25,15 +25,18 @@ CHUNK = 16 * 1024 * 1024
 WINDOW = 3  # context lines kept around each candidate line
 MAX_CARRY = 4 * 1024 * 1024  # a "line" longer than this is cut (the rest is skipped)
 
-# A line the engine would treat as INFO/DEBUG: optional ISO timestamp, optional process
-# prefix, then the level. ``\n(?!...)`` finds the start of every other line.
+# A line the engine certainly treats as vLLM INFO/DEBUG (a strict subset of what
+# ``normalize`` recognises, so skipping it never changes a result): an optional vLLM process
+# prefix, then ``INFO mm-dd hh:mm:ss [file.py:N] `` or uvicorn's ``INFO:  ``. ``\n(?!...)``
+# finds the start of every other line. ANSI codes and carriage returns can change what a
+# line shows, so lines with them are always fed (see ``_ALWAYS``).
 _HEALTHY = (
-    rb"(?:\d{4}-\d\d-\d\dT[\d:.,]+Z? )?(?:\([^)\n]{0,80}\) )?"
-    rb"(?:INFO|DEBUG) (?:\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? +)?\S+:\d+\] "
-    rb"|(?:\d{4}-\d\d-\d\dT[\d:.,]+Z? )?(?:\([^)\n]{0,80}\) )?(?:INFO|DEBUG):(?: +|[\w.]+:)"
+    rb"(?:\([A-Za-z_][\w.\-]* pid=\d+\) )?(?:INFO|DEBUG)"
+    rb"(?: \d\d-\d\d \d\d:\d\d:\d\d \[[\w.\-/]+:\d+\] |:  )"
 )
 _NON_INFO = re.compile(rb"\n(?!" + _HEALTHY + rb")")
 _HEALTHY_AT_START = re.compile(_HEALTHY)
+_ALWAYS = (b"\x1b",)
 
 
 @dataclass
@@ -53,11 +56,16 @@ def _candidate_offsets(chunk: bytes, cat: CompiledCatalogue) -> list[int]:
     if not _HEALTHY_AT_START.match(chunk):
         starts.add(0)
     starts.update(m.start() + 1 for m in _NON_INFO.finditer(chunk))
-    for gate in cat.info_gates_bytes:
-        pos = chunk.find(gate)
+    for needle in (*cat.info_gates_bytes, *cat.context_literals_bytes, *_ALWAYS):
+        pos = chunk.find(needle)
         while pos != -1:
             starts.add(chunk.rfind(b"\n", 0, pos) + 1)
-            pos = chunk.find(gate, pos + len(gate))
+            pos = chunk.find(needle, pos + len(needle))
+    pos = chunk.find(b"\r")
+    while pos != -1:  # a carriage return inside a line (not a CRLF line ending)
+        if chunk[pos + 1 : pos + 2] != b"\n":
+            starts.add(chunk.rfind(b"\n", 0, pos) + 1)
+        pos = chunk.find(b"\r", pos + 1)
     size = len(chunk)
     return sorted(s for s in starts if s < size)
 
@@ -200,7 +208,7 @@ def diagnose_file(
     with open(path, "rb") as fh:
         fh.seek(offset)
         head = fh.read(256 * 1024).split(b"\n")[:FOLD_SAMPLE]
-    fold = fold_width(len(visible(h.decode("utf-8", errors="replace"))) for h in head)
+    fold = fold_width([visible(h.decode("utf-8", errors="replace")) for h in head])
     stats = ScanResult(diagnoses=[])
     window = WINDOW if fold is None else max(WINDOW, 8)
     engine = Engine(cat, host=host, fold=fold)

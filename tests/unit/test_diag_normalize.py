@@ -73,8 +73,13 @@ def test_control_characters_removed() -> None:
 
 
 def test_fold_width_detects_terminal_wrapping() -> None:
-    lengths = [80] * 40 + [12, 33, 79, 5] * 10
-    assert fold_width(lengths) == 80
+    text = "(EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] " + "ValueError: boom " * 30
+    folded = [text[i : i + 80] for i in range(0, len(text), 80)]
+    lines = ["INFO 09-28 15:47:24 [a.py:1] short"] * 5 + folded * 3
+    assert fold_width(lines) == 80
+    # identical full-length records are not a folded log
+    same = ["(APIServer pid=1) INFO 11-02 10:22:00 [loggers.py:123] Engine 000: x" * 2] * 40
+    assert fold_width(same) is None
     # an unfolded log: long lines of many lengths
-    assert fold_width([50 + (i * 7) % 90 for i in range(200)]) is None
+    assert fold_width(["x" * (50 + (i * 7) % 90) for i in range(200)]) is None
     assert fold_width([]) is None
