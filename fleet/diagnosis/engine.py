@@ -393,7 +393,25 @@ class Engine:
                 continue
             explained |= lines
             kept.append(matches)
-        return [self._build(matches) for matches in kept]
+        return [self._build(matches) for matches in self._explained_first(kept)]
+
+    def _explained_first(self, groups: list[list[_Match]]) -> list[list[_Match]]:
+        """Move a cause above the consequences it ``explains`` (e.g. /dev/shm full -> NCCL)."""
+        order = list(groups)
+        rules = self.cat.rules
+        for _ in range(len(order)):
+            moved = False
+            for i, group in enumerate(order):
+                for j in range(i + 1, len(order)):
+                    if group[0].rule_id in rules[order[j][0].rule_id].explains:
+                        order.insert(i, order.pop(j))
+                        moved = True
+                        break
+                if moved:
+                    break
+            if not moved:
+                break
+        return order
 
     def _build(self, matches: list[_Match]) -> Diagnosis:
         best = min(matches, key=_Match.key)

@@ -141,6 +141,10 @@ class Rule(BaseModel):
     remedy: str
     fix: list[str] = Field(default_factory=list, description="templates; none fitting -> null")
     derive: list[str] = Field(default_factory=list, description="named value derivations")
+    explains: list[str] = Field(
+        default_factory=list,
+        description="ids this cause produces as a consequence: it ranks above them wherever",
+    )
 
     @field_validator("id")
     @classmethod
@@ -195,6 +199,10 @@ class Catalogue(BaseModel):
 
     @model_validator(mode="after")
     def _complete(self) -> Catalogue:
+        for rule in self.rules:
+            unknown = [i for i in rule.explains if i not in TAXONOMY or i == rule.id]
+            if unknown:
+                raise ValueError(f"rule {rule.id}: explains unknown ids {unknown}")
         ids = [rule.id for rule in self.rules]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:

@@ -74,9 +74,10 @@ def test_specific_cause_beats_the_wrappers_that_follow_it() -> None:
 
 
 def test_earlier_fatal_cause_beats_a_later_one_whichever_it_is() -> None:
-    a = [P + OOM, "(Worker_TP1 pid=10) " + NCCL]
-    assert ids(a) == ["cuda-oom", "nccl-error"]
-    assert ids(list(reversed(a))) == ["nccl-error", "cuda-oom"]
+    disk = "(Worker_TP1 pid=10) OSError: [Errno 28] No space left on device: '/root/.cache/vllm'"
+    a = [P + OOM, disk]
+    assert ids(a) == ["cuda-oom", "disk-full"]
+    assert ids(list(reversed(a))) == ["disk-full", "cuda-oom"]
 
 
 def test_severity_before_position_among_causes() -> None:
@@ -255,3 +256,12 @@ def test_contract_shape() -> None:
     for key in ("id", "severity", "summary", "evidence", "remedy", "fix"):
         assert key in d
     assert d["evidence"] == [{"line": 1, "text": OOM}]
+
+
+def test_a_cause_ranks_above_the_consequence_it_explains_wherever_it_is() -> None:
+    nccl = "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"
+    shm = "gpu-1:11:11 [0] misc/shmutils.cc:72 NCCL WARN Error: failed to extend /dev/shm/nccl-2SmX to 9637892 bytes"
+    assert ids([nccl, shm]) == ["shm-too-small", "nccl-error"]
+    assert ids([shm, nccl]) == ["shm-too-small", "nccl-error"]
+    oom = "gpu-1:11:11 [0] NCCL WARN Cuda failure 'out of memory'"
+    assert ids([nccl, oom]) == ["cuda-oom", "nccl-error"]
