@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 WINDOW = 3
 HEAD_LINES = 100_000  # at most this many output lines from the start of the grep output...
 TAIL_LINES = 100_000  # ...and from its end; the middle is dropped (counted in the header)
+MAX_LINE_BYTES = 20000  # longer candidate lines are cut on the host (the engine reads 16384)
 RUN_DIR = "~/.fleet/run"
 EXIT_NO_FILE = 66
 
@@ -97,7 +98,8 @@ def grep_command(
     grep = f"LC_ALL=C grep -a -n -E -B{int(window)} -A{int(window)} -e {ere}"
     source = f'tail -n {int(tail)} -- "$f" | {grep}' if tail is not None else f'{grep} -- "$f"'
     cap = _CAP.format(h=HEAD_LINES, t=TAIL_LINES)
-    return _header(qpath, tail) + f"{source} | {cap}"
+    # cut: a pathological multi-GiB line must not cross the network whole
+    return _header(qpath, tail) + f"{source} | cut -c1-{MAX_LINE_BYTES} | {cap}"
 
 
 def tail_command(path: str, lines: int) -> str:

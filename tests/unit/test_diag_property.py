@@ -126,3 +126,19 @@ def test_healthy_lines_do_not_change_the_primary(seed: int) -> None:
         noisy.extend(rng.choice(HEALTHY[:3]) for _ in range(rng.randrange(3)))
         noisy.append(line)
     assert diagnose(noisy)[0].id == expected
+
+
+@pytest.mark.timeout(300)
+def test_adversarial_lines_for_every_signature() -> None:
+    """Each pattern's own literal padded with 16 KB of look-alike characters: linear time
+    regexes finish (a catastrophic-backtracking one would hit the timeout)."""
+    from fleet.diagnosis.catalogue import load_catalogue
+
+    cat = load_catalogue()
+    lines: list[str] = []
+    for pat in cat.patterns:
+        for lit in pat.literals:
+            for fill in ("a", "_a.", "/1.", "( '"):
+                pad = fill * (16384 // len(fill))
+                lines += [lit + pad, pad + lit, pad[:8000] + lit + pad[:8000]]
+    _ok(diagnose(lines))
