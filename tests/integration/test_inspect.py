@@ -109,7 +109,7 @@ def test_wrong_python_fails_that_host_only(shared_sandbox: Sandbox, tmp_path: Pa
         shared_sandbox, tmp_path, {first: {"python": "/nonexistent/bin/python3"}}
     )
     res = run_fleet(inventory, "--json", "inspect", "--host", first, "--host", second)
-    assert res.returncode == 1, res.stderr
+    assert res.returncode == 1, res.stdout + res.stderr
     doc = json.loads(res.stdout)
     assert doc["hosts"][first]["ok"] is False
     assert "/nonexistent/bin/python3" in doc["hosts"][first]["error"]
