@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from fleet.cli.context import AppContext, host_option, pass_app
-from fleet.cli.render import console, emit_json, print_outcomes
+from fleet.cli.render import console, emit_json, hosts_json, print_outcomes
 from fleet.errors import EXIT_OK, EXIT_UNREACHABLE
 
 
@@ -67,23 +67,18 @@ def ping(app: AppContext, hosts: tuple[str, ...]) -> int:
 
     outcomes = fan_out(session, selected, one, forks=app.forks)
     if app.json_output:
-        out: dict[str, Any] = {}
+        doc = hosts_json(
+            outcomes,
+            lambda v: {
+                "connect_ms": round(v.connect_ms, 1),
+                "latency_ms": round(v.latency_ms, 1),
+                "host_key": v.host_key,
+            },
+        )
         for o in outcomes:
-            if o.ok and o.value is not None:
-                out[o.host] = {
-                    "ok": True,
-                    "connect_ms": round(o.value.connect_ms, 1),
-                    "latency_ms": round(o.value.latency_ms, 1),
-                    "host_key": o.value.host_key,
-                }
-            else:
-                out[o.host] = {
-                    "ok": False,
-                    "status": o.status,
-                    "host_key": _key_status(o.error),
-                    "error": o.error,
-                }
-        emit_json({"hosts": out})
+            if not o.ok:
+                doc["hosts"][o.host]["host_key"] = _key_status(o.error)
+        emit_json(doc)
     else:
         print_outcomes(
             outcomes,

@@ -49,16 +49,9 @@ def inspect(app: AppContext, hosts: tuple[str, ...], details: bool | None) -> in
 
 def inspect_json(outcomes: list[HostOutcome[HostFacts]]) -> dict[str, Any]:
     """``{"hosts": {name: {"ok": true, ...facts} | {"ok": false, "error": ...}}}``."""
-    out: dict[str, Any] = {}
-    for o in outcomes:
-        if o.ok and o.value is not None:
-            out[o.host] = {"ok": True, **o.value.model_dump(mode="json")}
-        else:
-            entry: dict[str, Any] = {"ok": False, "status": o.status, "error": o.error}
-            if o.hint:
-                entry["hint"] = o.hint
-            out[o.host] = entry
-    return {"hosts": out}
+    from fleet.cli.render import hosts_json
+
+    return hosts_json(outcomes, lambda facts: facts.model_dump(mode="json"))
 
 
 # -- for people -------------------------------------------------------------------------
@@ -95,9 +88,7 @@ def _gib(n: int) -> str:
 def servers_cell(facts: HostFacts) -> str:
     if not facts.servers:
         return "none"
-    return ", ".join(
-        f"pid {s.pid}" + (f" :{s.port}" if s.port else "") for s in facts.servers
-    )
+    return ", ".join(f"pid {s.pid}" + (f" :{s.port}" if s.port else "") for s in facts.servers)
 
 
 def disk_cell(facts: HostFacts) -> str:
@@ -148,8 +139,13 @@ def render_outcomes(outcomes: list[HostOutcome[HostFacts]], details: bool) -> No
         if o.ok and f is not None:
             gpus = gpu_cell(f) + (f"\n[dim]{escape(f.driver)}[/]" if f.driver else "")
             table.add_row(
-                name, gpus, escape(f.python or "-"), vllm_cell(f), eagle3_cell(f),
-                allowlist_cell(f), servers_cell(f),
+                name,
+                gpus,
+                escape(f.python or "-"),
+                vllm_cell(f),
+                eagle3_cell(f),
+                allowlist_cell(f),
+                servers_cell(f),
             )
         else:
             table.add_row(name, f"[{STATUS_STYLE[o.status]}]{o.status}[/]", *(["-"] * 5))

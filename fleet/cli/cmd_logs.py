@@ -193,25 +193,19 @@ def _diagnose_hosts(app: AppContext, selected: list[Any], path: str, tail: int |
 
 def hosts_json(outcomes: list[HostOutcome[RemoteDiagnosis]]) -> dict[str, Any]:
     """``{"hosts": {name: {"diagnoses": [...], "bytes_received": N, ...}}}``."""
-    out: dict[str, Any] = {}
-    for o in outcomes:
-        r = o.value
-        if o.ok and r is not None:
-            out[o.host] = {
-                "ok": True,
-                "path": r.path,
-                "diagnoses": [d.as_contract() for d in r.diagnoses],
-                "bytes_received": r.bytes_received,
-                "file_size": r.file_size,
-                "candidate_lines": r.candidate_lines,
-                "notes": r.notes,
-            }
-        else:
-            entry: dict[str, Any] = {"ok": False, "status": o.status, "error": o.error}
-            if o.hint:
-                entry["hint"] = o.hint
-            out[o.host] = entry
-    return {"hosts": out}
+    from fleet.cli.render import hosts_json
+
+    return hosts_json(
+        outcomes,
+        lambda r: {
+            "path": r.path,
+            "diagnoses": [d.as_contract() for d in r.diagnoses],
+            "bytes_received": r.bytes_received,
+            "file_size": r.file_size,
+            "candidate_lines": r.candidate_lines,
+            "notes": r.notes,
+        },
+    )
 
 
 def _render_outcome(o: HostOutcome[RemoteDiagnosis]) -> None:
@@ -265,19 +259,14 @@ def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> 
 
     outcomes = fan_out(app.session(), selected, run, forks=app.forks)
     if app.json_output:
-        from fleet.cli.render import emit_json
+        from fleet.cli.render import emit_json, hosts_json
 
-        body: dict[str, Any] = {}
-        for o in outcomes:
-            if o.ok and o.value is not None:
-                body[o.host] = {
-                    "ok": True,
-                    "path": path,
-                    "lines": [{"line": n, "text": t} for n, t in o.value],
-                }
-            else:
-                body[o.host] = {"ok": False, "status": o.status, "error": o.error}
-        emit_json({"hosts": body})
+        emit_json(
+            hosts_json(
+                outcomes,
+                lambda lines: {"path": path, "lines": [{"line": n, "text": t} for n, t in lines]},
+            )
+        )
     else:
         from rich.markup import escape
 

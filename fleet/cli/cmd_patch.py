@@ -95,7 +95,7 @@ def _emit(outcomes: list[HostOutcome[HostReport]], show_diff: bool) -> None:
         if o.ok and o.value is not None:
             out[o.host] = o.value.to_json(with_diff=show_diff)
         else:
-            out[o.host] = {"ok": False, "status": o.status, "error": o.error, "files": []}
+            out[o.host] = {**o.failure_json(), "files": []}
     emit_json({"hosts": out})
 
 

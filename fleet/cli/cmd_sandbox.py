@@ -43,19 +43,40 @@ def sandbox() -> None:
 
 
 @sandbox.command("up")
-@click.option("--hosts", "count", type=int, default=model.DEFAULT_HOSTS, show_default=True,
-              help="Number of hosts.")
-@click.option("--vllm", "versions", multiple=True, metavar="VERSION",
-              help="vLLM version, repeatable; assigned round-robin "
-                   f"[default: {' '.join(model.DEFAULT_VERSIONS)}].")
-@click.option("--load-seconds", type=float, default=model.DEFAULT_LOAD_SECONDS,
-              show_default=True, help="The simulated 40-minute weight load, compressed.")
+@click.option(
+    "--hosts",
+    "count",
+    type=int,
+    default=model.DEFAULT_HOSTS,
+    show_default=True,
+    help="Number of hosts.",
+)
+@click.option(
+    "--vllm",
+    "versions",
+    multiple=True,
+    metavar="VERSION",
+    help="vLLM version, repeatable; assigned round-robin "
+    f"[default: {' '.join(model.DEFAULT_VERSIONS)}].",
+)
+@click.option(
+    "--load-seconds",
+    type=float,
+    default=model.DEFAULT_LOAD_SECONDS,
+    show_default=True,
+    help="The simulated 40-minute weight load, compressed.",
+)
 @click.option("--dir", "directory", default=model.DEFAULT_DIR, metavar="DIR", help=DIR_HELP)
-@click.option("--backend", type=click.Choice(["local", "docker"]), default=None,
-              help="local sshd processes, or docker-sshd containers "
-                   "[default: $FLEET_SANDBOX_BACKEND or local].")
-@click.option("--no-pin", is_flag=True,
-              help="Leave known_hosts empty (rehearse `fleet trust --accept-new`).")
+@click.option(
+    "--backend",
+    type=click.Choice(["local", "docker"]),
+    default=None,
+    help="local sshd processes, or docker-sshd containers "
+    "[default: $FLEET_SANDBOX_BACKEND or local].",
+)
+@click.option(
+    "--no-pin", is_flag=True, help="Leave known_hosts empty (rehearse `fleet trust --accept-new`)."
+)
 @pass_app
 def up(
     app: AppContext,
@@ -74,8 +95,8 @@ def up(
         if not app.json_output or app.verbose:
             err_console().print(f"[dim]sandbox:[/dim] {message}")
 
-    kind: Backend | None = "docker" if backend == "docker" else (
-        "local" if backend == "local" else None
+    kind: Backend | None = (
+        "docker" if backend == "docker" else ("local" if backend == "local" else None)
     )
     box = Sandbox.up(
         directory,
@@ -92,8 +113,10 @@ def up(
     else:
         _status_table(
             f"sandbox {box.dir}",
-            [(s.name, s.vllm, f"{s.address}:{s.port}", "up" if s.running else "DOWN", s.python)
-             for s in statuses],
+            [
+                (s.name, s.vllm, f"{s.address}:{s.port}", "up" if s.running else "DOWN", s.python)
+                for s in statuses
+            ],
         )
         console().print(f"\ninventory: {box.inventory_path}")
         console().print(f"try:       fleet --inventory {box.inventory_path} inspect --host all")
@@ -145,8 +168,10 @@ def status(app: AppContext, directory: str) -> int:
     else:
         _status_table(
             f"sandbox {box.dir} ({box.state.backend})",
-            [(s.name, s.vllm, f"{s.address}:{s.port}", "up" if s.running else "DOWN", s.python)
-             for s in statuses],
+            [
+                (s.name, s.vllm, f"{s.address}:{s.port}", "up" if s.running else "DOWN", s.python)
+                for s in statuses
+            ],
         )
         console().print(f"\ninventory: {box.inventory_path}")
     return EXIT_OK if statuses and all(s.running for s in statuses) else EXIT_FAILED

@@ -105,7 +105,7 @@ def show(app: AppContext, hosts: tuple[str, ...], file_spec: str) -> int:
                     "lines": [{"line": n, "text": t} for n, t in value.lines],
                 }
             else:
-                out[o.host] = {"ok": False, "status": o.status, "error": o.error}
+                out[o.host] = o.failure_json()
         emit_json({"hosts": out})
     else:
         _print_shown(outcomes, spec.label)
@@ -143,11 +143,17 @@ def _print_shown(outcomes: list[HostOutcome[ShownFile | Refused]], label: str) -
     "-m", "--max-count", type=click.IntRange(min=1), default=None, help="Matches per file."
 )
 @click.option(
-    "--include", "includes", multiple=True, metavar="GLOB",
+    "--include",
+    "includes",
+    multiple=True,
+    metavar="GLOB",
     help="Only files whose name matches GLOB, e.g. '*.py' (repeatable).",
 )
 @click.option(
-    "--limit", type=click.IntRange(min=0), default=1000, show_default=True,
+    "--limit",
+    type=click.IntRange(min=0),
+    default=1000,
+    show_default=True,
     help="Most matching lines returned per host (0: no limit).",
 )
 @pass_app
@@ -174,8 +180,14 @@ def grep(
 
     def one(conn: HostConnection) -> GrepResult:
         return grep_tree(
-            conn, regex, path, ignore_case=ignore_case, fixed=fixed_strings,
-            max_count=max_count, includes=includes, limit=limit or None,
+            conn,
+            regex,
+            path,
+            ignore_case=ignore_case,
+            fixed=fixed_strings,
+            max_count=max_count,
+            includes=includes,
+            limit=limit or None,
         )
 
     outcomes = fan_out(session, selected, _run_refusable(one), forks=app.forks)
@@ -201,7 +213,7 @@ def grep(
                     for m in sorted(value.matches, key=lambda m: (m.path, m.line))
                 ]
             else:
-                per_host[o.host] = {"ok": False, "status": o.status, "error": o.error}
+                per_host[o.host] = o.failure_json()
         emit_json({"matches": matches, "hosts": per_host})
     else:
         for o in outcomes:
@@ -217,8 +229,9 @@ def grep(
             for warning in value.warnings:
                 click.echo(f"{o.host}: warning: {warning}", err=True)
         searched = [
-            o.value for o in outcomes if o.ok and o.value is not None
-            and not isinstance(o.value, Refused)
+            o.value
+            for o in outcomes
+            if o.ok and o.value is not None and not isinstance(o.value, Refused)
         ]
         if searched and not any(r.matches for r in searched):
             click.echo(f"no matches on {len(searched)} host(s)", err=True)

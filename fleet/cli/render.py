@@ -51,6 +51,19 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def hosts_json(
+    outcomes: Sequence[HostOutcome[Any]], ok_body: Callable[[Any], dict[str, Any]]
+) -> dict[str, Any]:
+    """``{"hosts": {name: {"ok": true, **ok_body(value)} | {"ok": false, "status", "error"}}}``."""
+    out: dict[str, Any] = {}
+    for o in outcomes:
+        if o.ok and o.value is not None:
+            out[o.host] = {"ok": True, **ok_body(o.value)}
+        else:
+            out[o.host] = o.failure_json()
+    return {"hosts": out}
+
+
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "bold red"}
 
 

@@ -34,6 +34,13 @@ class HostOutcome(Generic[T]):
     def ok(self) -> bool:
         return self.status == "ok"
 
+    def failure_json(self) -> dict[str, Any]:
+        """The ``--json`` entry of a host that did not succeed."""
+        entry: dict[str, Any] = {"ok": False, "status": self.status, "error": self.error}
+        if self.hint:
+            entry["hint"] = self.hint
+        return entry
+
 
 def _one(session: Session, host: HostSpec, fn: Callable[[HostConnection], T]) -> HostOutcome[T]:
     try:
