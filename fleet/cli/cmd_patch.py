@@ -80,7 +80,7 @@ def patch(
     if app.json_output:
         _emit(outcomes, show_diff)
     else:
-        _render(outcomes, patch_name, show_diff, revert, dry)
+        _render(outcomes, patch_name, show_diff, revert, dry, verbose=app.verbose > 0)
     code = exit_code(outcomes)
     if code == EXIT_OK and any(o.value is not None and not o.value.ok for o in outcomes):
         code = EXIT_FAILED
@@ -103,12 +103,37 @@ def _short(sha: str | None) -> str:
     return sha[:12] if sha else "-"
 
 
+# Worst first: the status that sums up a host is the first of these that any file has.
+HOST_STATUS_ORDER = (
+    "conflict",
+    "would-apply",
+    "would-revert",
+    "applied",
+    "reverted",
+    "already-applied",
+    "not-needed",
+)
+
+
+def host_status(report: HostReport) -> str:
+    """One word for a host: its worst file status (a host whose files all are
+    ``not-needed`` is ``not-needed``)."""
+    seen = {f.status for f in report.files}
+    return next((s for s in HOST_STATUS_ORDER if s in seen), "not-needed")
+
+
+def _styled(status: str) -> str:
+    style = STATUS_STYLE.get(status, "")
+    return f"[{style}]{status}[/]" if style else status
+
+
 def _render(
     outcomes: list[HostOutcome[HostReport]],
     patch_name: str,
     show_diff: bool,
     revert: bool,
     dry: bool,
+    verbose: bool = False,
 ) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -119,35 +144,40 @@ def _render(
     verb = "revert" if revert else "apply"
     title = f"fleet patch {patch_name}: {verb}{' (dry run: nothing written)' if dry else ''}"
     table = Table(title=title, title_justify="left")
-    for col in ("host", "vLLM", "file", "status", "sha256 before", "sha256 after", "note"):
-        table.add_column(col, no_wrap=col in ("host", "status"))
+    for col in ("host", "vLLM", "status", "files"):
+        table.add_column(col, overflow="fold", no_wrap=col in ("host", "vLLM", "status"))
     for o in outcomes:
         if not o.ok or o.value is None:
-            table.add_row(
-                o.host, "-", "-", f"[bold red]{o.status}[/]", "-", "-", escape(o.error or "")
-            )
+            table.add_row(o.host, "-", f"[bold red]{o.status}[/]", "-")
             continue
         r = o.value
-        for i, f in enumerate(r.files):
-            style = STATUS_STYLE.get(f.status, "")
-            note = f.note or ""
-            if f.conflict is not None:
-                note = f.conflict.reason
-            elif f.edits and f.status in ("would-apply", "applied"):
-                note = ", ".join(f.edits)
-            table.add_row(
-                o.host if i == 0 else "",
-                r.vllm_version if i == 0 else "",
-                f.path,
-                f"[{style}]{f.status}[/]" if style else f.status,
-                _short(f.sha256_before),
-                _short(f.sha256_after),
-                escape(note),
+        status = host_status(r)
+        touched = [f for f in r.files if f.status != "not-needed"]
+        if touched:
+            files = ", ".join(
+                f.path.rsplit("/", 1)[-1] + ("" if f.status == status else f" ({f.status})")
+                for f in touched
             )
-        table.add_section()
+        else:
+            files = escape(next((f.note for f in r.files if f.note), "") or "nothing to do")
+        table.add_row(o.host, r.vllm_version, _styled(status), files)
     ok = sum(1 for o in outcomes if o.ok and o.value is not None and o.value.ok)
-    table.caption = f"{ok}/{len(outcomes)} hosts ok"
+    table.caption = f"{ok}/{len(outcomes)} hosts ok" + ("" if verbose else "; per file: -v")
     out.print(table)
+    if verbose:  # per file: full path, status, sha256 before -> after, edits
+        for o in outcomes:
+            if not o.ok or o.value is None:
+                continue
+            out.print(f"[bold]{o.host}[/] vLLM {o.value.vllm_version} {o.value.package_dir}")
+            for f in o.value.files:
+                out.print(
+                    f"  {_styled(f.status):<12} {f.path}  "
+                    f"{_short(f.sha256_before)} -> {_short(f.sha256_after)}",
+                    soft_wrap=True,
+                )
+                detail = ", ".join(f.edits) if f.edits else (f.note or "")
+                if detail:
+                    out.print(f"      [dim]{escape(detail)}[/]", soft_wrap=True)
 
     for o in outcomes:
         if not o.ok or o.value is None:
