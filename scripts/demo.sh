@@ -17,4 +17,13 @@ run fleet --inventory "$INV" ping --host all
 run fleet --inventory "$INV" inspect --host all
 run fleet --inventory "$INV" source grep --host sandbox-01 'class DeepseekV2ForCausalLM' model_executor/models/deepseek_v2.py
 
-printf '\nThe sandbox is still up. Try more commands with --inventory %s, and stop it with:\n  fleet sandbox down --dir %s\n' "$INV" "$DIR"
+# What a 40-minute load of Kimi-K2.5 + EAGLE-3 on vLLM 0.17 ends with, diagnosed:
+run fleet logs --file tests/corpus/logs/eagle3-unsupported-model--eagle3-runner--v1.log --diagnose
+
+# The fix: the version-aware EAGLE-3 patch set (0.17 hosts patched, 0.18 left alone).
+run fleet --inventory "$INV" patch --host all --check
+run fleet --inventory "$INV" patch --host all
+run fleet --inventory "$INV" patch --host all          # again: nothing changes
+run fleet --inventory "$INV" inspect --host all        # EAGLE-3 supported everywhere now
+
+printf '\nThe sandbox is still up. Try more commands with --inventory %s\n(e.g. fleet patch --host all --revert), and stop it with:\n  fleet sandbox down --dir %s\n' "$INV" "$DIR"

@@ -196,7 +196,7 @@ def _render(
         if not r.ok:
             out.print(f"  [dim]nothing was written on {o.host}[/]")
         if r.backup_dir and r.changed:
-            out.print(f"[dim]{o.host}: originals kept in {escape(r.backup_dir)}[/]")
+            out.print(f"[dim]{o.host}: originals kept in {escape(r.backup_dir)}[/]", soft_wrap=True)
     if show_diff:
         from rich.syntax import Syntax
 
