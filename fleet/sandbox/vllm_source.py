@@ -6,7 +6,7 @@ patch engine to edit the real files and for the facts script to parse them.
 
 Cache layout (``fleet.paths.cache_dir()``, ``$FLEET_CACHE`` overrides)::
 
-    wheels/vllm-<version>-*.whl
+    wheels/vllm-<version>-*.whl        only while unpacking (removed afterwards)
     vllm/<version>/vllm/...            the package
     vllm/<version>/vllm-<version>.dist-info/
 """
@@ -59,6 +59,7 @@ def wheel_path(version: str) -> Path:
             "download",
             "--quiet",
             "--no-deps",
+            "--no-cache-dir",
             "--only-binary=:all:",
             "--dest",
             str(wheels),
@@ -102,6 +103,8 @@ def vllm_tree(version: str) -> Path:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        # The unpacked tree (~25 MB) is the cache; the wheel (~430 MB) is not needed again.
+        wheel.unlink(missing_ok=True)
     return root
 
 
