@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,10 @@ ALIASES: dict[str, str] = {
     "ansible_python_interpreter": "python",
 }
 GROUP_KEYS = ("vars", "hosts", "children")
+# A bastion: an inventory host name, or [user@]host[:port] (IPv6 in brackets).
+JUMP_RE = re.compile(
+    r"^(?:(?P<user>[^@\s:]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[^:@\s\[\]]+)(?::(?P<port>\d{1,5}))?$"
+)
 
 
 class HostVars(BaseModel):
@@ -57,6 +62,13 @@ class HostVars(BaseModel):
     def _not_blank(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("must not be empty")
+        return value
+
+    @field_validator("jump")
+    @classmethod
+    def _jump_form(cls, value: str | None) -> str | None:
+        if value is not None and not JUMP_RE.match(value):
+            raise ValueError("must be an inventory host name or [user@]host[:port]")
         return value
 
 
@@ -163,13 +175,13 @@ def parse_inventory(data: Any, label: str = "inventory") -> Inventory:
         if not isinstance(children, dict):
             raise UsageError(f"{label}: all.children: must be a mapping of group name to group")
         all_body["children"] = {**children, **extras}
-    builder.walk_group("all", all_body, [], "all")
-    if not builder.host_vars:
+    builder.walk_group("all", all_body, 0, "all")
+    if not builder.host_own:
         raise UsageError(f"{label}: the inventory defines no hosts")
     hosts: dict[str, HostSpec] = {}
-    for name, layers in builder.host_vars.items():
+    for name in builder.host_own:
         merged: dict[str, Any] = {}
-        for layer in layers:
+        for layer in builder.layers(name):
             merged.update(layer)
         hosts[name] = HostSpec(
             name=name,
@@ -181,18 +193,27 @@ def parse_inventory(data: Any, label: str = "inventory") -> Inventory:
 
 
 class _Builder:
+    """Walks the group tree. Precedence follows Ansible: the vars of every group a host
+    belongs to (directly or through children), shallow groups first, then the host's own
+    vars; so a host var always wins, whichever group lists the host."""
+
     def __init__(self, label: str) -> None:
         self.label = label
         self.groups: dict[str, set[str]] = {}
-        # host -> list of var layers, lowest precedence first
-        self.host_vars: dict[str, list[dict[str, Any]]] = {}
+        self.group_vars: dict[str, dict[str, Any]] = {}
+        self.group_depth: dict[str, int] = {}
+        self.host_own: dict[str, dict[str, Any]] = {}
+
+    def layers(self, host: str) -> list[dict[str, Any]]:
+        """Var layers of ``host``, lowest precedence first."""
+        member_of = [g for g, members in self.groups.items() if host in members]
+        member_of.sort(key=lambda g: (self.group_depth[g], g))
+        return [*(self.group_vars[g] for g in member_of), self.host_own[host]]
 
     def fail(self, where: str, problem: str) -> UsageError:
         return UsageError(f"{self.label}: {where}: {problem}")
 
-    def walk_group(
-        self, name: str, body: Any, inherited: list[dict[str, Any]], where: str
-    ) -> set[str]:
+    def walk_group(self, name: str, body: Any, depth: int, where: str) -> set[str]:
         if body is None:
             body = {}
         if not isinstance(body, dict):
@@ -204,7 +225,9 @@ class _Builder:
                 raise self.fail(
                     f"{where}.{key}", f"unknown key; a group holds vars, hosts, children{hint}"
                 )
-        layers = [*inherited, self.vars(body.get("vars"), f"{where}.vars")]
+        own_vars = self.vars(body.get("vars"), f"{where}.vars")
+        self.group_vars.setdefault(name, {}).update(own_vars)
+        self.group_depth[name] = min(depth, self.group_depth.get(name, depth))
         members: set[str] = set()
         hosts = body.get("hosts") or {}
         if not isinstance(hosts, dict):
@@ -212,13 +235,15 @@ class _Builder:
         for host, hvars in hosts.items():
             host_name = str(host)
             own = self.vars(hvars, f"{where}.hosts.{host_name}")
-            self.host_vars.setdefault(host_name, []).extend([*layers, own])
+            self.host_own.setdefault(host_name, {}).update(own)
             members.add(host_name)
         children = body.get("children") or {}
         if not isinstance(children, dict):
             raise self.fail(f"{where}.children", "must be a mapping of group name to group")
         for child, child_body in children.items():
-            members |= self.walk_group(str(child), child_body, layers, f"{where}.children.{child}")
+            members |= self.walk_group(
+                str(child), child_body, depth + 1, f"{where}.children.{child}"
+            )
         self.groups.setdefault(name, set()).update(members)
         return members
 

@@ -115,16 +115,15 @@ def trust(app: AppContext, hosts: tuple[str, ...], accept_new: bool) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from fleet.errors import ConnectError
-    from fleet.transport.connection import ConnectOptions, scan_host_key
+    from fleet.transport.connection import scan_host_key
     from fleet.transport.hostkeys import check_key, pin_key
 
     selected = app.select(hosts)
     session = app.session()
-    options = ConnectOptions()
 
     def one(spec: Any) -> dict[str, Any]:
         try:
-            name, key = scan_host_key(spec, options, session.jump_spec(spec))
+            name, key = scan_host_key(spec, session.options, session.gateway_for(spec))
         except ConnectError as exc:
             error = exc.message.removeprefix(f"{spec.name}: ")
             return {"host": spec.name, "status": "unreachable", "error": error}
@@ -150,6 +149,7 @@ def trust(app: AppContext, hosts: tuple[str, ...], accept_new: bool) -> int:
     if app.json_output:
         emit_json({"hosts": {r["host"]: {k: v for k, v in r.items() if k != "host"} for r in rows}})
     else:
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title="host keys", title_justify="left")
@@ -159,11 +159,11 @@ def trust(app: AppContext, hosts: tuple[str, ...], accept_new: bool) -> int:
         for r in rows:
             st = r["status"]
             table.add_row(
-                r["host"],
+                escape(r["host"]),
                 f"[{style.get(st, 'red')}]{st}[/]",
                 r.get("key_type", "-"),
-                r.get("fingerprint") or r.get("error", ""),
-                r.get("known_hosts", "-"),
+                escape(r.get("fingerprint") or r.get("error", "")),
+                escape(r.get("known_hosts", "-")),
             )
         console().print(table)
         if any(r["status"] == "unknown" for r in rows):
@@ -174,10 +174,11 @@ def trust(app: AppContext, hosts: tuple[str, ...], accept_new: bool) -> int:
         for r in rows:
             if r["status"] == "changed":
                 console().print(
-                    f"[bold red]{r['host']}: host key CHANGED[/] (pinned "
+                    f"[bold red]{escape(r['host'])}: host key CHANGED[/] (pinned "
                     f"{r['pinned_fingerprint']}, offered {r['fingerprint']}). Not replaced: if "
-                    f"the host was reinstalled, delete its line for {r['name']} from "
-                    f"{r['known_hosts']} and run trust again."
+                    f"the host was reinstalled, delete its line for {escape(r['name'])} from "
+                    f"{escape(r['known_hosts'])} and run trust again.",
+                    soft_wrap=True,
                 )
     bad = [r for r in rows if r["status"] in ("unknown", "changed", "unreachable")]
     if bad:

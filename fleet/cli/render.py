@@ -74,7 +74,9 @@ def print_outcomes(
     title: str | None = None,
 ) -> None:
     """The per-host summary for people: a table (host, status, the command's columns),
-    then one line per failed host with its error and what to do next."""
+    then one line per failed host with its error and what to do next. ``cells`` returns
+    rich markup: escape any text that comes from a host."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -85,15 +87,18 @@ def print_outcomes(
     for o in outcomes:
         status = f"[{STATUS_STYLE[o.status]}]{o.status}[/]"
         if o.ok and o.value is not None:
-            table.add_row(o.host, status, *cells(o.value))
+            table.add_row(escape(o.host), status, *cells(o.value))
         else:
-            table.add_row(o.host, status, *(["-"] * len(columns)))
+            table.add_row(escape(o.host), status, *(["-"] * len(columns)))
     ok = sum(o.ok for o in outcomes)
     table.caption = f"{ok}/{len(outcomes)} ok"
     out = console()
     out.print(table)
     for o in outcomes:
         if not o.ok:
-            out.print(f"[{STATUS_STYLE[o.status]}]{o.host}[/]: {o.error}", soft_wrap=True)
+            out.print(
+                f"[{STATUS_STYLE[o.status]}]{escape(o.host)}[/]: {escape(o.error or '')}",
+                soft_wrap=True,
+            )
             if o.hint:
-                out.print(f"  [dim]next:[/] {o.hint}", soft_wrap=True)
+                out.print(f"  [dim]next:[/] {escape(o.hint)}", soft_wrap=True)

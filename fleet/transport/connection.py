@@ -16,6 +16,7 @@ streamed line by line for ``--follow``.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import socket
@@ -112,9 +113,15 @@ def _attempts() -> int:
 class HostConnection:
     """An open SSH connection to one inventory host."""
 
-    def __init__(self, host: HostSpec, fabric_conn: Connection) -> None:
+    def __init__(
+        self,
+        host: HostSpec,
+        fabric_conn: Connection,
+        owned_gateways: list[Connection] | None = None,
+    ) -> None:
         self.host = host
         self.fabric = fabric_conn
+        self._owned_gateways = owned_gateways or []
         self._lock = threading.Lock()
         self.commands_run = 0
 
@@ -128,10 +135,13 @@ class HostConnection:
     # -- running commands ---------------------------------------------------------------
 
     def _open_channel(self, command: str, timeout: float | None) -> paramiko.Channel:
+        chan: paramiko.Channel | None = None
         try:
             chan = self.transport.open_session(timeout=timeout or DEFAULT_CONNECT_TIMEOUT)
             chan.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            if chan is not None:
+                chan.close()
             reason = str(exc) or type(exc).__name__
             raise ConnectionLost(self.host.name, f"connection lost: {reason}") from None
         self.commands_run += 1
@@ -191,6 +201,8 @@ class HostConnection:
                     raise TimeoutError()
             exit_code = chan.recv_exit_status()
             reader.join(timeout=5)
+            if failure:
+                raise failure[0]
         except TimeoutError:
             chan.close()
             raise OperationFailed(
@@ -256,10 +268,12 @@ class HostConnection:
         return bool(transport and transport.is_active())
 
     def close(self) -> None:
-        try:
-            self.fabric.close()
-        except Exception:
-            pass
+        """Close the connection and any bastion hops opened for it alone."""
+        for conn in [self.fabric, *self._owned_gateways]:
+            try:
+                conn.close()
+            except Exception:
+                pass
 
 
 def _short(cmd: str, limit: int = 80) -> str:
@@ -298,7 +312,8 @@ def fabric_connection(
     kwargs: dict[str, Any] = {
         "host": spec.target,
         "config": config,
-        "connect_timeout": int(spec.connect_timeout or options.connect_timeout),
+        # Fabric wants whole seconds; never round a short timeout down to 0 (= none).
+        "connect_timeout": max(1, math.ceil(spec.connect_timeout or options.connect_timeout)),
         "connect_kwargs": connect_kwargs,
     }
     if spec.user:
@@ -308,35 +323,53 @@ def fabric_connection(
     if gateway is not None:
         kwargs["gateway"] = gateway
     conn = Connection(**kwargs)
-    client = conn.client
-    client.set_missing_host_key_policy(RejectUnknown())
     known = spec.known_hosts_path()
-    if known.exists():
-        client.load_host_keys(str(known))
+    _strict(conn, known)
+    # A ProxyJump from ~/.ssh/config makes Fabric build the bastion Connection(s) itself,
+    # with paramiko's AutoAddPolicy: hold every hop to the same pinned keys.
+    hop = conn.gateway
+    while isinstance(hop, Connection) and hop is not gateway:
+        _strict(hop, known)
+        hop = hop.gateway
     return conn
 
 
+def _strict(conn: Connection, known_hosts: Path) -> None:
+    conn.client.set_missing_host_key_policy(RejectUnknown())
+    if known_hosts.exists():
+        conn.client.load_host_keys(str(known_hosts))
+
+
+def _owned_gateways(conn: Connection, shared: Connection | None) -> list[Connection]:
+    """Gateway connections created for ``conn`` alone (from ~/.ssh/config ProxyJump)."""
+    from fabric import Connection as FabricConnection
+
+    hops: list[Connection] = []
+    hop = conn.gateway
+    while isinstance(hop, FabricConnection) and hop is not shared:
+        hops.append(hop)
+        hop = hop.gateway
+    return hops
+
+
 def open_connection(
-    spec: HostSpec, options: ConnectOptions, gateway_spec: HostSpec | None = None
+    spec: HostSpec, options: ConnectOptions, gateway: HostConnection | None = None
 ) -> HostConnection:
-    """Open one connection (with retries for transient faults) or raise ConnectError."""
+    """Open one connection (with retries for transient faults) or raise ConnectError.
+
+    ``gateway`` is an open connection to the bastion (shared by every host behind it)."""
     from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-    last: list[Any] = []
+    shared = gateway.fabric if gateway is not None else None
 
     def attempt() -> Connection:
-        gateway = None
-        if gateway_spec is not None:
-            gateway = fabric_connection(gateway_spec, options)
-            last.append(gateway)
-        conn = fabric_connection(spec, options, gateway)
-        last.append(conn)
+        conn = fabric_connection(spec, options, shared)
         try:
             conn.open()
         except BaseException:
             conn.close()
-            if gateway is not None:
-                gateway.close()
+            for hop in _owned_gateways(conn, shared):
+                hop.close()
             raise
         transport = conn.client.get_transport()
         if transport is not None:
@@ -390,27 +423,26 @@ def open_connection(
         raise ConnectError(
             spec.name, f"cannot connect to {where}: {exc or type(exc).__name__}"
         ) from None
-    return HostConnection(spec, conn)
+    return HostConnection(spec, conn, owned_gateways=_owned_gateways(conn, shared))
 
 
 def scan_host_key(
-    spec: HostSpec, options: ConnectOptions, gateway_spec: HostSpec | None = None
+    spec: HostSpec, options: ConnectOptions, gateway: HostConnection | None = None
 ) -> tuple[str, paramiko.PKey]:
     """The key the server offers, fetched without authenticating (like ``ssh-keyscan``).
 
     Returns the known_hosts name and the key. When a key is already pinned for the host,
     that key type is asked for, so that a changed key is not mistaken for a new type.
-    Through a bastion the bastion itself must already be trusted.
+    Through a bastion (an open, already trusted ``gateway`` connection) the key is fetched
+    over a direct-tcpip channel.
     """
     from fleet.transport.hostkeys import known_hosts_name, load_known_hosts
 
     port = spec.port or 22
     name = known_hosts_name(spec.target, port)
-    gateway: HostConnection | None = None
     sock: Any
     try:
-        if gateway_spec is not None:
-            gateway = open_connection(gateway_spec, options)
+        if gateway is not None:
             sock = gateway.transport.open_channel(
                 "direct-tcpip",
                 (spec.target, port),
@@ -440,5 +472,3 @@ def scan_host_key(
         ) from None
     finally:
         transport.close()
-        if gateway is not None:
-            gateway.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -12,7 +11,8 @@ from fleet.transport.connection import ConnectOptions, HostConnection, open_conn
 if TYPE_CHECKING:
     from fleet.inventory import HostSpec, Inventory
 
-_JUMP = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:\s]+)(?::(?P<port>\d+))?$")
+MAX_JUMPS = 8
+JUMP_PREFIX = "jump:"
 
 
 class Session:
@@ -28,31 +28,57 @@ class Session:
         self.inventory = inventory
         self.options = options or ConnectOptions()
         self._conns: dict[str, HostConnection] = {}
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         self.opened: dict[str, int] = {}
         self.connect_ms: dict[str, float] = {}
         self.closed = False
 
-    def connect(self, host: HostSpec) -> HostConnection:
+    def connect(self, host: HostSpec, *, _depth: int = 0) -> HostConnection:
+        """The run's connection to ``host``, opened on first use.
+
+        A host with a ``jump`` is reached through the session's connection to that
+        bastion (opened once, shared by every host behind it; a bastion may have its own
+        ``jump``)."""
+        key = self._key(host)
         with self._guard:
             if self.closed:
                 raise RuntimeError("session is closed")
-            lock = self._locks.setdefault(host.name, threading.Lock())
+            # re-entrant: a jump loop recurses in this thread until MAX_JUMPS, never deadlocks
+            lock = self._locks.setdefault(key, threading.RLock())
         with lock:
-            conn = self._conns.get(host.name)
+            conn = self._conns.get(key)
             if conn is not None:
                 return conn
+            gateway = self.gateway_for(host, _depth=_depth)
             started = time.monotonic()
-            conn = open_connection(host, self.options, self.jump_spec(host))
+            conn = open_connection(host, self.options, gateway)
             with self._guard:
                 self.connect_ms[host.name] = (time.monotonic() - started) * 1000
                 self.opened[host.name] = self.opened.get(host.name, 0) + 1
                 if self.closed:
                     conn.close()
                     raise RuntimeError("session is closed")
-                self._conns[host.name] = conn
+                self._conns[key] = conn
             return conn
+
+    def gateway_for(self, host: HostSpec, *, _depth: int = 0) -> HostConnection | None:
+        """The open bastion connection for ``host`` (None without a ``jump``)."""
+        jump = self.jump_spec(host)
+        if jump is None:
+            return None
+        if _depth >= MAX_JUMPS:
+            from fleet.errors import UsageError
+
+            raise UsageError(f"{host.name}: jump chain longer than {MAX_JUMPS} hops (a loop?)")
+        return self.connect(jump, _depth=_depth + 1)
+
+    @staticmethod
+    def _key(host: HostSpec) -> str:
+        # Inventory hosts by name; an address-form bastion by where it connects.
+        if host.name.startswith(JUMP_PREFIX):
+            return f"{host.user}@{host.target}:{host.port or 22}"
+        return host.name
 
     def jump_spec(self, host: HostSpec) -> HostSpec | None:
         """The bastion for ``host``: an inventory host name or ``[user@]host[:port]``.
@@ -63,13 +89,13 @@ class Session:
         if self.inventory is not None and host.jump in self.inventory.hosts:
             return self.inventory.hosts[host.jump]
         from fleet.errors import UsageError
-        from fleet.inventory import HostSpec
+        from fleet.inventory import JUMP_RE, HostSpec
 
-        match = _JUMP.match(host.jump)
+        match = JUMP_RE.match(host.jump)
         if not match:
             raise UsageError(f"{host.name}: jump '{host.jump}' is not [user@]host[:port]")
         return HostSpec(
-            name=f"{host.name}-jump",
+            name=f"{JUMP_PREFIX}{host.jump}",
             address=match["host"].strip("[]"),
             port=int(match["port"]) if match["port"] else None,
             user=match["user"] or host.user,

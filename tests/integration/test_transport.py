@@ -149,21 +149,25 @@ def test_sshd_killed_mid_run(sandbox: Sandbox) -> None:
             assert by[h.name].ok and by[h.name].value == "done\n"
 
 
-@pytest.mark.sandbox(hosts=2, vllm=("0.17.0",))
-def test_jump_host(sandbox: Sandbox, tmp_path: Path) -> None:
-    bastion, target = sandbox.hosts[0], sandbox.hosts[1]
+def _with_jump(sandbox: Sandbox, path: Path, targets: list[str], jump: str) -> Path:
     data = yaml.safe_load(sandbox.inventory_path.read_text())
-    inv_path = tmp_path / "inventory.yaml"
 
-    def set_jump(node: dict) -> bool:  # type: ignore[type-arg]
-        hosts = node.get("hosts") or {}
-        if target.name in hosts:
-            hosts[target.name] = {**(hosts[target.name] or {}), "jump": bastion.name}
-            return True
-        return any(set_jump(child) for child in (node.get("children") or {}).values())
+    def visit(node: dict) -> None:  # type: ignore[type-arg]
+        for name, hvars in (node.get("hosts") or {}).items():
+            if name in targets:
+                node["hosts"][name] = {**(hvars or {}), "jump": jump}
+        for child in (node.get("children") or {}).values():
+            visit(child)
 
-    assert set_jump(data["all"])
-    inv_path.write_text(yaml.safe_dump(data))
+    visit(data["all"])
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.sandbox(hosts=3, vllm=("0.17.0",))
+def test_jump_host_shared_by_the_hosts_behind_it(sandbox: Sandbox, tmp_path: Path) -> None:
+    bastion, *targets = (h.name for h in sandbox.hosts)
+    inv = _with_jump(sandbox, tmp_path / "inventory.yaml", targets, bastion)
     marks = sandbox.log_marks()
     proc = subprocess.run(
         [
@@ -171,33 +175,66 @@ def test_jump_host(sandbox: Sandbox, tmp_path: Path) -> None:
             "-m",
             "fleet",
             "--inventory",
-            str(inv_path),
+            str(inv),
             "ping",
-            "--host",
-            target.name,
             "--json",
+            *(a for t in targets for a in ("--host", t)),
         ],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # the target saw its connection arrive through the bastion's sshd
-    assert sandbox.connection_count(bastion.name, since=marks[bastion.name]) == 1
-    assert sandbox.connection_count(target.name, since=marks[target.name]) == 1
+    # one connection to the bastion for the whole run, carrying both targets' connections
+    assert sandbox.connection_count(bastion, since=marks[bastion]) == 1
+    for t in targets:
+        assert sandbox.connection_count(t, since=marks[t]) == 1
+
+
+@pytest.mark.sandbox(hosts=2, vllm=("0.17.0",))
+def test_ssh_config_proxyjump_bastion_key_must_be_pinned(sandbox: Sandbox, tmp_path: Path) -> None:
+    bastion, target = sandbox.hosts
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        f"Host gw\n    HostName {bastion.address}\n    Port {bastion.port}\n"
+        f"    IdentityFile {sandbox.client_key_path}\n"
+        f"Host gpu\n    HostName {target.address}\n    Port {target.port}\n"
+        f"    IdentityFile {sandbox.client_key_path}\n    ProxyJump gw\n"
+    )
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(
+        yaml.safe_dump(
+            {"all": {"vars": {"known_hosts": str(sandbox.known_hosts_path)}, "hosts": {"gpu": {}}}}
+        )
+    )
+    env = {**sandbox.fleet_env(), "FLEET_SSH_CONFIG": str(ssh_config)}
+    cmd = [sys.executable, "-m", "fleet", "--inventory", str(inv), "ping", "--host", "gpu"]
+    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    # only the target's key pinned: the bastion hop is refused, not silently trusted
+    sandbox.pin([target.name])
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert refused.returncode == 3
+    assert "not pinned" in refused.stdout
 
 
 def test_ctrl_c_closes_every_connection(shared_sandbox: Sandbox) -> None:
     script = textwrap.dedent(
         f"""
         import sys
+        import threading
         from fleet.inventory import load_inventory
         from fleet.transport import Session, fan_out
         inv = load_inventory({str(shared_sandbox.inventory_path)!r})
         session = Session(inv)
+        lock = threading.Lock()
+        def say(text):  # one whole line at a time from the worker threads
+            with lock:
+                sys.stdout.write(text + "\\n")
+                sys.stdout.flush()
         try:
             fan_out(session, list(inv.hosts.values()),
-                    lambda c: (print("started", flush=True), c.run("sleep 60")))
+                    lambda c: (say("started"), c.run("sleep 60")))
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             sys.exit(130)

@@ -173,3 +173,48 @@ def test_cli_bad_inventory_exit_2_no_traceback(
     assert fragment in proc.stderr
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_host_vars_win_whichever_group_lists_the_host() -> None:
+    data = {
+        "all": {
+            "vars": {"port": 22, "user": "root"},
+            "children": {
+                "g1": {"hosts": {"a": {"port": 2222}}},
+                "g2": {"vars": {"user": "ops"}, "hosts": {"a": None}},
+                "g3": {"vars": {"port": 2300}, "children": {"g4": {"hosts": {"a": None}}}},
+            },
+        }
+    }
+    a = parse_inventory(data).hosts["a"]
+    assert a.port == 2222  # the host's own var beats every group
+    assert a.user == "ops"  # a group var beats 'all'
+    assert set(a.groups) == {"all", "g1", "g2", "g3", "g4"}
+
+
+def test_deeper_group_beats_shallower() -> None:
+    data = {
+        "all": {
+            "children": {
+                "outer": {
+                    "vars": {"python": "/outer/python"},
+                    "children": {
+                        "inner": {"vars": {"python": "/inner/python"}, "hosts": {"x": {}}}
+                    },
+                },
+            }
+        }
+    }
+    assert parse_inventory(data).hosts["x"].python == "/inner/python"
+
+
+@pytest.mark.parametrize("jump", ["ops@bastion:2222", "bastion", "[2001:db8::1]:22", "u@10.0.0.1"])
+def test_jump_forms_accepted(jump: str) -> None:
+    inv = parse_inventory({"all": {"hosts": {"a": {"jump": jump}}}})
+    assert inv.hosts["a"].jump == jump
+
+
+@pytest.mark.parametrize("jump", ["ops@bastion:port", "a b", "ssh://x", "u@@h"])
+def test_bad_jump_is_a_usage_error(jump: str) -> None:
+    with pytest.raises(UsageError, match=r"all\.hosts\.a\.jump: Value error, must be an inventory"):
+        parse_inventory({"all": {"hosts": {"a": {"jump": jump}}}}, "inv.yaml")

@@ -157,7 +157,7 @@ class _StubSession:
 def test_fan_out_bounds_parallelism_and_keeps_order() -> None:
     hosts = [HostSpec(name=f"h{i:02d}") for i in range(20)]
     stub = _StubSession(down={"h03"})
-    gate = threading.Barrier(4, timeout=5)
+    four_in_flight = threading.Event()
 
     def work(conn: _StubConn) -> str:
         with stub.lock:
@@ -168,10 +168,12 @@ def test_fan_out_bounds_parallelism_and_keeps_order() -> None:
                 raise OperationFailed("h07: disk full")
             if conn.host.name == "h08":
                 raise ValueError("bug")
-            try:
-                gate.wait()
-            except threading.BrokenBarrierError:
-                pass
+            # The first workers wait until four are in flight at once: only possible if the
+            # map really runs --forks of them in parallel (a serial map never gets there).
+            with stub.lock:
+                if stub.active == 4:
+                    four_in_flight.set()
+            four_in_flight.wait(timeout=10)
             return conn.host.name.upper()
         finally:
             with stub.lock:
@@ -179,7 +181,7 @@ def test_fan_out_bounds_parallelism_and_keeps_order() -> None:
 
     outcomes = fan_out(stub, hosts, work, forks=4)  # type: ignore[arg-type]
     assert [o.host for o in outcomes] == [h.name for h in hosts]
-    assert stub.peak <= 4
+    assert stub.peak == 4  # parallel, and never more than --forks
     by = {o.host: o for o in outcomes}
     assert by["h03"].status == "unreachable" and "refused" in (by["h03"].error or "")
     assert by["h07"].status == "failed" and by["h07"].error == "disk full"
@@ -188,3 +190,24 @@ def test_fan_out_bounds_parallelism_and_keeps_order() -> None:
     assert exit_code(outcomes) == 3
     assert exit_code([o for o in outcomes if o.host != "h03"]) == 1
     assert exit_code([by["h00"]]) == 0
+
+
+def test_failure_lines_escape_markup() -> None:
+    from rich.console import Console
+
+    from fleet.cli import render
+    from fleet.transport import HostOutcome
+
+    out = Console(record=True, width=200, force_terminal=False)
+    render._console = out
+    try:
+        render.print_outcomes(
+            [HostOutcome("[/x]", "unreachable", error="[bold]boom[/bold] at [/]", hint="[/red]")],
+            ["col"],
+            lambda v: [str(v)],
+        )
+    finally:
+        render._console = None
+    text = out.export_text()
+    assert "[/x]: [bold]boom[/bold] at [/]" in text
+    assert "next: [/red]" in text
