@@ -29,15 +29,17 @@ def hosts(app: AppContext, hosts: tuple[str, ...]) -> int:
             }
         )
         return EXIT_OK
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"{inventory.path}: {len(selected)} hosts", title_justify="left")
+    table = Table(title=escape(f"{inventory.path}: {len(selected)} hosts"), title_justify="left")
     for col in ("host", "address", "user", "groups", "python", "jump"):
         table.add_column(col)
     for h in selected:
         addr = f"{h.target}:{h.port}" if h.port else h.target
         groups = ", ".join(g for g in h.groups if g != "all")
-        table.add_row(h.name, addr, h.user or "-", groups or "-", h.python, h.jump or "-")
+        cells = (h.name, addr, h.user or "-", groups or "-", h.python, h.jump or "-")
+        table.add_row(*(escape(c) for c in cells))
     console().print(table)
     return EXIT_OK
 
