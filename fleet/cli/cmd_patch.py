@@ -95,7 +95,8 @@ def _emit(outcomes: list[HostOutcome[HostReport]], show_diff: bool) -> None:
         if o.ok and o.value is not None:
             out[o.host] = o.value.to_json(with_diff=show_diff)
         else:
-            out[o.host] = {**o.failure_json(), "files": []}
+            # the fields of DESIGN's contract on every host entry, known or not
+            out[o.host] = {**o.failure_json(), "vllm_version": None, "files": []}
     emit_json({"hosts": out})
 
 
@@ -123,8 +124,10 @@ def host_status(report: HostReport) -> str:
 
 
 def _styled(status: str) -> str:
+    from rich.markup import escape
+
     style = STATUS_STYLE.get(status, "")
-    return f"[{style}]{status}[/]" if style else status
+    return f"[{style}]{escape(status)}[/]" if style else escape(status)
 
 
 def _render(
@@ -142,25 +145,29 @@ def _render(
 
     out = console()
     verb = "revert" if revert else "apply"
-    title = f"fleet patch {patch_name}: {verb}{' (dry run: nothing written)' if dry else ''}"
+    # every string that comes from a host or a user is escaped: it is not rich markup
+    title = f"fleet patch {escape(patch_name)}: {verb}"
+    title += " (dry run: nothing written)" if dry else ""
     table = Table(title=title, title_justify="left")
     for col in ("host", "vLLM", "status", "files"):
         table.add_column(col, overflow="fold", no_wrap=col in ("host", "vLLM", "status"))
     for o in outcomes:
         if not o.ok or o.value is None:
-            table.add_row(o.host, "-", f"[bold red]{o.status}[/]", "-")
+            table.add_row(escape(o.host), "-", f"[bold red]{escape(o.status)}[/]", "-")
             continue
         r = o.value
         status = host_status(r)
         touched = [f for f in r.files if f.status != "not-needed"]
         if touched:
-            files = ", ".join(
-                f.path.rsplit("/", 1)[-1] + ("" if f.status == status else f" ({f.status})")
-                for f in touched
+            files = escape(
+                ", ".join(
+                    f.path.rsplit("/", 1)[-1] + ("" if f.status == status else f" ({f.status})")
+                    for f in touched
+                )
             )
         else:
             files = escape(next((f.note for f in r.files if f.note), "") or "nothing to do")
-        table.add_row(o.host, r.vllm_version, _styled(status), files)
+        table.add_row(escape(o.host), escape(r.vllm_version), _styled(status), files)
     ok = sum(1 for o in outcomes if o.ok and o.value is not None and o.value.ok)
     table.caption = f"{ok}/{len(outcomes)} hosts ok" + ("" if verbose else "; per file: -v")
     out.print(table)
@@ -168,10 +175,14 @@ def _render(
         for o in outcomes:
             if not o.ok or o.value is None:
                 continue
-            out.print(f"[bold]{o.host}[/] vLLM {o.value.vllm_version} {o.value.package_dir}")
+            v = o.value
+            out.print(
+                f"[bold]{escape(o.host)}[/] vLLM {escape(v.vllm_version)} {escape(v.package_dir)}",
+                soft_wrap=True,
+            )
             for f in o.value.files:
                 out.print(
-                    f"  {_styled(f.status):<12} {f.path}  "
+                    f"  {_styled(f.status):<12} {escape(f.path)}  "
                     f"{_short(f.sha256_before)} -> {_short(f.sha256_after)}",
                     soft_wrap=True,
                 )
@@ -181,7 +192,9 @@ def _render(
 
     for o in outcomes:
         if not o.ok or o.value is None:
-            out.print(f"[bold red]{o.host}[/]: {escape(o.error or o.status)}", soft_wrap=True)
+            out.print(
+                f"[bold red]{escape(o.host)}[/]: {escape(o.error or o.status)}", soft_wrap=True
+            )
             if o.hint:
                 out.print(f"  [dim]next:[/] {escape(o.hint)}", soft_wrap=True)
             continue
@@ -190,13 +203,18 @@ def _render(
             if f.conflict is None:
                 continue
             c = f.conflict
-            out.print(f"[bold red]{o.host}[/]: conflict: {escape(c.describe())}", soft_wrap=True)
+            host = escape(o.host)
+            out.print(f"[bold red]{host}[/]: conflict: {escape(c.describe())}", soft_wrap=True)
             for cand in c.candidates:
-                out.print(f"    {f.path}:{cand.line}: {escape(cand.text.strip())}", soft_wrap=True)
+                where = escape(f"{f.path}:{cand.line}: {cand.text.strip()}")
+                out.print(f"    {where}", soft_wrap=True)
         if not r.ok:
-            out.print(f"  [dim]nothing was written on {o.host}[/]")
+            out.print(f"  [dim]nothing was written on {escape(o.host)}[/]", soft_wrap=True)
         if r.backup_dir and r.changed:
-            out.print(f"[dim]{o.host}: originals kept in {escape(r.backup_dir)}[/]", soft_wrap=True)
+            out.print(
+                f"[dim]{escape(o.host)}: originals kept in {escape(r.backup_dir)}[/]",
+                soft_wrap=True,
+            )
     if show_diff:
         from rich.syntax import Syntax
 
@@ -205,5 +223,5 @@ def _render(
                 continue
             for f in o.value.files:
                 if f.diff:
-                    out.rule(f"{o.host}: {f.path}")
+                    out.rule(escape(f"{o.host}: {f.path}"))
                     out.print(Syntax(f.diff, "diff", theme="ansi_dark", word_wrap=False))

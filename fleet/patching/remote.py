@@ -1,7 +1,8 @@
 """The remote side of ``fleet patch``: one command per operation, one round trip each.
 
 The script ``remote_patch.py`` (a package resource, Python 3.8+, stdlib only) is sent on
-stdin to the host's own interpreter (``HostSpec.python``) as ``python -``; the request is
+stdin to the host's own interpreter (``HostSpec.python``) as ``sh -c 'exec PY -'``, the
+interpreter written as by ``fleet inspect`` (a leading ``~/`` is the host's home); the request is
 appended to it as one base64 literal, and the answer comes back as one base64 JSON
 document between marker lines. See that script for the write protocol (sha256 guard,
 backups and manifest first, temp + fsync + rename, py_compile, restore on failure).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -19,6 +21,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import OperationFailed
+from fleet.facts.gather import EXIT_COMMAND_NOT_FOUND, EXIT_NOT_EXECUTABLE, python_word
 
 if TYPE_CHECKING:
     from fleet.transport import HostConnection
@@ -28,6 +31,8 @@ END = "----- fleet-patch end -----"
 BACKUP_ROOT = "~/.fleet/patches"
 FETCH_TIMEOUT = 120.0
 WRITE_TIMEOUT = 300.0
+# Tests only: fleet copies this LOCAL variable into each write request ("fault"); the
+# script honours the request alone, never the host's environment (see remote_patch.py).
 FAULT_ENV = "FLEET_PATCH_FAULT"
 
 
@@ -71,9 +76,21 @@ def decode_answer(host: str, stdout: str, exit_code: int, stderr: str) -> dict[s
     return result
 
 
+def patch_command(python: str) -> str:
+    """``PY -`` run by ``sh`` whatever the login shell is, ``PY`` as ``fleet inspect`` and
+    ``fleet source`` write it (quoted; a leading ``~/`` expanded on the host)."""
+    return "sh -c " + shlex.quote(f"exec {python_word(python)} -")
+
+
 def run_op(conn: HostConnection, request: dict[str, Any], *, timeout: float) -> dict[str, Any]:
     python = conn.host.python or "python3"
-    res = conn.run([python, "-"], stdin=script_with_request(request), timeout=timeout)
+    res = conn.run(patch_command(python), stdin=script_with_request(request), timeout=timeout)
+    if res.exit_code in (EXIT_NOT_EXECUTABLE, EXIT_COMMAND_NOT_FOUND) and BEGIN not in res.stdout:
+        problem = "not found" if res.exit_code == EXIT_COMMAND_NOT_FOUND else "not executable"
+        raise OperationFailed(
+            f"{conn.host.name}: python interpreter {python!r} {problem} on the host",
+            hint="set the host's 'python' in the inventory to the vLLM environment's python",
+        )
     return decode_answer(conn.host.name, res.stdout, res.exit_code, res.stderr)
 
 

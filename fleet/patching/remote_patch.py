@@ -19,9 +19,13 @@
 # A dropped SSH connection must not leave a half-written host: SIGHUP is ignored while
 # writing, every replacement is a rename of a complete, fsynced file, and the backup and
 # manifest are written before the first target is touched.
-# For tests, request["fault"] (or $FLEET_PATCH_FAULT) = "<point>" exits at once at that
-# point (as if killed), "<point>:sleep=<seconds>" pauses there, and "compile-error" makes
-# the py_compile step fail. Points: after-lock, after-backup, after-temp, after-first-rename,
+# Any exception while writing, compiling or recording (a rename fails, the disk or /tmp is
+# full) restores every file already replaced, the same way, and answers a clear failure.
+# Fault injection, for tests only: honoured ONLY from request["fault"] (never from the
+# host's environment); fleet puts its local $FLEET_PATCH_FAULT there. "<point>" exits at
+# once at that point (as if killed), "<point>:sleep=<seconds>" pauses there,
+# "<point>:raise" raises OSError(ENOSPC) there, and "compile-error" makes the py_compile
+# step fail. Points: after-lock, after-backup, after-temp, after-first-rename,
 # after-rename, before-manifest.
 from __future__ import annotations
 
@@ -63,21 +67,27 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _fault_spec(request: dict[str, Any]) -> list[str]:
+    """The fault points of this request (tests only); the host's environment is ignored."""
+    spec = request.get("fault")
+    return [item.strip() for item in spec.split(",")] if isinstance(spec, str) else []
+
+
 def _fault(request: dict[str, Any], point: str) -> None:
-    spec = request.get("fault") or os.environ.get("FLEET_PATCH_FAULT") or ""
-    for item in spec.split(","):
-        name, _, action = item.strip().partition(":")
+    for item in _fault_spec(request):
+        name, _, action = item.partition(":")
         if name != point:
             continue
         if action.startswith("sleep="):
             time.sleep(float(action[len("sleep=") :]))
+        elif action == "raise":
+            raise OSError(errno.ENOSPC, f"injected fault at {point}")
         else:
             os._exit(97)
 
 
 def _faulty(request: dict[str, Any], point: str) -> bool:
-    spec = request.get("fault") or os.environ.get("FLEET_PATCH_FAULT") or ""
-    return point in [item.strip() for item in spec.split(",")]
+    return point in _fault_spec(request)
 
 
 # -- locating vLLM ------------------------------------------------------------------------
@@ -170,26 +180,42 @@ def _fsync_dir(directory: str) -> None:
 
 
 def _write_temp(path: str, data: bytes, like: str | None = None) -> str:
-    """A complete, fsynced temp file next to ``path`` (same directory, same filesystem)."""
+    """A complete, fsynced temp file next to ``path`` (same directory, same filesystem).
+
+    A new, unique name (mkstemp: O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600), so nothing that
+    already sits there (a symlink planted under a guessable name) is ever opened; the
+    temp file is removed again if anything fails before it is complete."""
+    import tempfile
+
     directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.fleet-tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.fleet-tmp-", dir=directory)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if like is not None:
-        st = os.stat(like)
-        os.chmod(tmp, st.st_mode & 0o7777)
         try:
-            os.chown(tmp, st.st_uid, st.st_gid)
-        except OSError:
-            pass
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if like is not None:
+            st = os.stat(like)
+            os.chmod(tmp, st.st_mode & 0o7777)
+            try:
+                os.chown(tmp, st.st_uid, st.st_gid)
+            except OSError:
+                pass
+    except BaseException:
+        _unlink(tmp)
+        raise
     return tmp
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _drop_stale_temps(path: str) -> None:
@@ -396,70 +422,136 @@ def op_apply(request: dict[str, Any]) -> dict[str, Any]:
         _write_json(os.path.join(directory, "manifest.json"), manifest)
         _fault(request, "after-backup")
 
-        # 3. complete, fsynced temp files next to every target; then the renames
-        temps: list[tuple[str, str]] = []
+        # 3.-5. from the first temp file to the history line, any exception (a rename
+        # fails, the disk or /tmp is full) restores every file already replaced
+        replaced: list[str] = []
         try:
-            for item in items:
-                path = target_path(package_dir, item["path"])
-                temps.append((_write_temp(path, item["text_after"].encode("utf-8"), path), path))
-        except BaseException:
-            for tmp, _ in temps:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-            raise
-        _fault(request, "after-temp")
-        for n, (tmp, path) in enumerate(temps):
-            os.replace(tmp, path)
-            _fsync_dir(os.path.dirname(path))
-            if n == 0:
-                _fault(request, "after-first-rename")
-        _fault(request, "after-rename")
-
-        # 4. the host's interpreter must compile every new file, else restore them all
-        errors = []
-        for item in items:
-            path = target_path(package_dir, item["path"])
-            message = "injected compile error" if _faulty(request, "compile-error") else None
-            message = message or _compile(path)
-            if message:
-                errors.append({"path": item["path"], "error": message})
-        if errors:
-            for item in items:
-                path = target_path(package_dir, item["path"])
-                _replace(path, originals[item["path"]], path)
-                _drop_pycache(path)
-                del manifest["files"][item["path"]]
-            _finish_manifest(directory, manifest)
-            return {"ok": False, "compile_errors": errors, "restored": True, "written": []}
-
-        # 5. stale bytecode, the manifest, the history
-        dropped = {}
-        for item in items:
-            path = target_path(package_dir, item["path"])
-            dropped[item["path"]] = _drop_pycache(path)
-            manifest["files"][item["path"]]["state"] = "applied"
-        _fault(request, "before-manifest")
-        manifest["updated"] = _now()
-        _write_json(os.path.join(directory, "manifest.json"), manifest)
-        _history(
-            root,
-            {
-                "time": _now(),
-                "op": "apply",
-                "patch_set": request["patch_set"],
-                "vllm_version": where["version"],
-                "package_dir": package_dir,
-                "files": {i["path"]: [i["sha256_before"], i["sha256_after"]] for i in items},
-            },
-        )
+            errors, dropped = _write_compile_record(request, where, directory, manifest, replaced)
+        except BaseException as exc:
+            failed = _undo(package_dir, directory, manifest, items, replaced, originals)
+            if not isinstance(exc, Exception):
+                raise
+            return {
+                "ok": False,
+                "written": [],
+                "write_error": f"{type(exc).__name__}: {exc}",
+                "restored": not failed,
+                "restore_errors": failed,
+                "backup_dir": directory,
+            }
+        if errors:  # 4. the host's interpreter must compile every new file
+            failed = _undo(package_dir, directory, manifest, items, replaced, originals)
+            return {
+                "ok": False,
+                "compile_errors": errors,
+                "restored": not failed,
+                "restore_errors": failed,
+                "written": [],
+                "backup_dir": directory,
+            }
     return {
         "ok": True,
         "written": [i["path"] for i in items],
         "pycache_removed": dropped,
         "backup_dir": directory,
     }
+
+
+def _write_compile_record(
+    request: dict[str, Any],
+    where: dict[str, Any],
+    directory: str,
+    manifest: dict[str, Any],
+    replaced: list[str],
+) -> tuple[list[dict[str, str]], dict[str, list[str]]]:
+    """Steps 3-5 of ``apply``; appends to ``replaced`` each path as soon as it is renamed.
+
+    Returns the compile errors (then nothing after step 4 ran) and the pycache removed."""
+    package_dir = where["package_dir"]
+    root = request["backup_root"]
+    items = request["files"]
+    # 3. complete, fsynced temp files next to every target; then the renames
+    temps: list[tuple[str, str, str]] = []
+    try:
+        for item in items:
+            path = target_path(package_dir, item["path"])
+            tmp = _write_temp(path, item["text_after"].encode("utf-8"), path)
+            temps.append((item["path"], tmp, path))
+        _fault(request, "after-temp")
+        for relpath, tmp, path in temps:
+            os.replace(tmp, path)
+            replaced.append(relpath)
+            _fsync_dir(os.path.dirname(path))
+            if len(replaced) == 1:
+                _fault(request, "after-first-rename")
+    finally:
+        for relpath, tmp, _path in temps:
+            if relpath not in replaced:
+                _unlink(tmp)
+    _fault(request, "after-rename")
+
+    # 4. the host's interpreter must compile every new file
+    errors = []
+    for item in items:
+        path = target_path(package_dir, item["path"])
+        message = "injected compile error" if _faulty(request, "compile-error") else None
+        message = message or _compile(path)
+        if message:
+            errors.append({"path": item["path"], "error": message})
+    if errors:
+        return errors, {}
+
+    # 5. stale bytecode, the manifest, the history
+    dropped = {}
+    for item in items:
+        path = target_path(package_dir, item["path"])
+        dropped[item["path"]] = _drop_pycache(path)
+        manifest["files"][item["path"]]["state"] = "applied"
+    _fault(request, "before-manifest")
+    manifest["updated"] = _now()
+    _write_json(os.path.join(directory, "manifest.json"), manifest)
+    _history(
+        root,
+        {
+            "time": _now(),
+            "op": "apply",
+            "patch_set": request["patch_set"],
+            "vllm_version": where["version"],
+            "package_dir": package_dir,
+            "files": {i["path"]: [i["sha256_before"], i["sha256_after"]] for i in items},
+        },
+    )
+    return [], dropped
+
+
+def _undo(
+    package_dir: str,
+    directory: str,
+    manifest: dict[str, Any],
+    items: list[dict[str, Any]],
+    replaced: list[str],
+    originals: dict[str, bytes],
+) -> list[dict[str, str]]:
+    """Put back every original in ``replaced`` (temp + fsync + rename, like any write),
+    drop their bytecode, and forget this apply in the manifest. Returns the files that
+    could not be restored: they stay in the manifest (pending), so --revert finds them."""
+    failed: list[dict[str, str]] = []
+    for relpath in replaced:
+        path = target_path(package_dir, relpath)
+        try:
+            _replace(path, originals[relpath], path)
+        except Exception as exc:
+            failed.append({"path": relpath, "error": f"{type(exc).__name__}: {exc}"})
+        _drop_pycache(path)
+    unrestored = {f["path"] for f in failed}
+    for item in items:
+        if item["path"] not in unrestored:
+            manifest["files"].pop(item["path"], None)
+    try:
+        _finish_manifest(directory, manifest)
+    except Exception:
+        pass  # the manifest on disk still lists these files as pending: --revert copes
+    return failed
 
 
 def _finish_manifest(directory: str, manifest: dict[str, Any]) -> None:

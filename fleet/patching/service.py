@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from fleet.errors import OperationFailed
 from fleet.patching import remote
 from fleet.patching.engine import (
     Conflict,
@@ -185,6 +186,8 @@ def apply_host(
         for f in plan.to_write
     ]
     result = remote.apply(conn, fetched, patch_set.name, items, backup_root=backup_root)
+    if result.get("write_error"):
+        raise write_failed(conn.host.name, result)
     by_path = {r.path: r for r in report.files}
     if result.get("ok"):
         report.backup_dir = result.get("backup_dir") or fetched.backup_dir
@@ -204,12 +207,33 @@ def apply_host(
     for r in report.files:
         if r.status == "would-apply":
             r.sha256_after = r.sha256_before  # not written
+    if result.get("restore_errors"):
+        raise write_failed(conn.host.name, result)
     what = "the originals were restored" if result.get("restored") else "nothing written"
     report.message = (
         "; ".join(r.conflict.describe() for r in report.files if r.conflict is not None)
         + f" ({what})"
     )
     return report
+
+
+def write_failed(host: str, result: dict[str, Any]) -> OperationFailed:
+    """The one-line failure of an apply the host had to undo (or could not fully undo)."""
+    why = result.get("write_error") or "; ".join(
+        f"{e['path']}: py_compile failed: {e['error']}" for e in result.get("compile_errors", [])
+    )
+    unrestored = result.get("restore_errors") or []
+    if not unrestored:
+        return OperationFailed(
+            f"{host}: writing the patch failed ({why}); every file was put back as it was, "
+            "nothing is patched"
+        )
+    names = ", ".join(f"{e['path']} ({e['error']})" for e in unrestored)
+    return OperationFailed(
+        f"{host}: writing the patch failed ({why}) and could not restore {names}; "
+        f"the originals are kept in {result.get('backup_dir')}",
+        hint="fix the cause on the host, then run 'fleet patch --revert' on it",
+    )
 
 
 def revert_host(

@@ -11,9 +11,11 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from fleet.inventory import load_inventory
 from fleet.patching.manifest import load_patch_set
@@ -181,21 +183,28 @@ def test_hand_edited_host_gets_a_conflict_and_keeps_its_files(sandbox: Sandbox) 
     assert doc[edited]["ok"] is False
 
 
-# (fault point, files expected patched when the write script is killed there)
-CUTS = [("after-backup", 0), ("after-temp", 0), ("after-first-rename", 1), ("after-rename", 4)]
+# (fault point, how many of the files to write are patched when the script is killed there)
+CUTS = [
+    ("after-backup", "none"),
+    ("after-temp", "none"),
+    ("after-first-rename", "one"),
+    ("after-rename", "all"),
+]
 
 
 @pytest.mark.sandbox(hosts=1, vllm=("0.15.0",))
-@pytest.mark.parametrize(("point", "n_patched"), CUTS, ids=[c[0] for c in CUTS])
-def test_connection_cut_during_apply(sandbox: Sandbox, point: str, n_patched: int) -> None:
+@pytest.mark.parametrize(("point", "how_many"), CUTS, ids=[c[0] for c in CUTS])
+def test_connection_cut_during_apply(sandbox: Sandbox, point: str, how_many: str) -> None:
     """sshd and the write script are SIGKILLed while the script pauses at ``point``."""
     (host,) = (h.name for h in sandbox.hosts)
     original = shas(sandbox)[host]
-    run_json(sandbox, "--host", "all", "--check")
     planned = {
         f["path"]: f["sha256_after"]
         for f in run_json(sandbox, "--host", "all", "--check")[host]["files"]
     }
+    to_write = [p for p in planned if planned[p] != original[p]]
+    assert len(to_write) > 1, "the cut points need several files to write"
+    n_patched = {"none": 0, "one": 1, "all": len(to_write)}[how_many]
     env = sandbox.fleet_env()
     env["FLEET_PATCH_FAULT"] = f"{point}:sleep=30"
     cmd = [
@@ -213,7 +222,7 @@ def test_connection_cut_during_apply(sandbox: Sandbox, point: str, n_patched: in
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-        _wait_for_pause(sandbox, point, original, planned)
+        _wait_for_pause(sandbox, point, original, planned, len(to_write))
         sandbox.kill_host(host)
         out, err = fleet.communicate(timeout=60)
     finally:
@@ -239,18 +248,24 @@ def test_connection_cut_during_apply(sandbox: Sandbox, point: str, n_patched: in
 
 
 def _wait_for_pause(
-    box: Sandbox, point: str, original: dict[str, str | None], planned: dict[str, str | None]
+    box: Sandbox,
+    point: str,
+    original: dict[str, str | None],
+    planned: dict[str, str | None],
+    n_write: int,
 ) -> None:
-    """Wait, observing the host over SSH, until the write script sits at ``point``."""
+    """Wait, observing the host over SSH, until the write script sits at ``point``
+    (``n_write``: how many files the plan writes, one temp file each)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         p = next(iter(probe(box).values()))
         changed = [f for f in p["files"] if p["files"][f] != original[f]]
         reached = {
             "after-backup": bool(p["backups"]),
-            "after-temp": len(p["temps"]) == 4,
+            "after-temp": len(p["temps"]) == n_write,
             "after-first-rename": len(changed) == 1,
-            "after-rename": len(changed) == 4 and all(p["files"][f] == planned[f] for f in changed),
+            "after-rename": len(changed) == n_write
+            and all(p["files"][f] == planned[f] for f in changed),
         }[point]
         if reached:
             time.sleep(0.2)
@@ -305,3 +320,45 @@ def test_check_on_the_shared_fleet(shared_sandbox: Sandbox) -> None:
         files = statuses(doc)[host.name]
         want = "not-needed" if host.vllm == "0.18.0" else "would-apply"
         assert files[DS] == want
+
+
+@pytest.mark.sandbox(hosts=2, vllm=("0.17.0",))
+def test_a_home_relative_python_is_run_as_inspect_runs_it(sandbox: Sandbox, tmp_path: Path) -> None:
+    """``python: ~/ml-env/bin/python`` in the inventory names the host's home: patch,
+    like inspect and source, lets the host's shell expand it (not a quoted literal '~')."""
+    tilde, plain = (h.name for h in sandbox.hosts)
+    data = yaml.safe_load(sandbox.inventory_path.read_text())
+    hosts = data["all"]["children"]["sandbox"]["hosts"]
+    hosts[tilde]["python"] = "~/ml-env/bin/python"
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump(data))
+    original = shas(sandbox)
+
+    def fleet(*args: str, code: int = 0) -> dict[str, Any]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "fleet", "--inventory", str(inventory), "--json", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=sandbox.fleet_env(),
+            check=False,
+        )
+        assert proc.returncode == code, proc.stdout + proc.stderr
+        doc: dict[str, Any] = json.loads(proc.stdout)
+        return doc["hosts"]
+
+    inspected = fleet("inspect", "--host", "all")
+    assert inspected[tilde]["vllm"]["version"] == "0.17.0"  # inspect reads it this way too
+    applied = fleet("patch", "--host", "all")
+    assert applied[tilde]["ok"] is True and applied[tilde]["vllm_version"] == "0.17.0"
+    assert statuses(applied)[tilde] == statuses(applied)[plain]
+    now = shas(sandbox)
+    assert now[tilde][DS] != original[tilde][DS] and now[tilde] == now[plain]
+    reverted = fleet("patch", "--host", tilde, "--revert")
+    assert reverted[tilde]["ok"] is True and shas(sandbox)[tilde] == original[tilde]
+
+    hosts[tilde]["python"] = "~/no-such-env/bin/python"
+    inventory.write_text(yaml.safe_dump(data))
+    missing = fleet("patch", "--host", tilde, "--check", code=1)[tilde]
+    assert missing["status"] == "failed" and missing["vllm_version"] is None
+    assert "python interpreter '~/no-such-env/bin/python' not found" in missing["error"]

@@ -2,8 +2,10 @@
 
 A "host" here is a directory: ``site/`` holding the vLLM package files the patch set
 touches plus the real ``.dist-info``, and ``home/`` for fleet's backups. The script is
-started exactly as over SSH (``<python> -`` with the script on stdin) by a local stand-in
-for ``HostConnection.run``; the SSH path itself is covered by tests/integration.
+started exactly as over SSH (``sh -c 'exec <python> -'`` with the script on stdin) by a
+local stand-in for ``HostConnection.run``; the SSH path itself is covered by
+tests/integration. Faults are injected as fleet does: the LOCAL $FLEET_PATCH_FAULT goes
+into the request; the "host" environment (``LocalConn.env``) never carries it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from fleet.errors import OperationFailed
 from fleet.patching import remote
 from fleet.patching.engine import plan_host
 from fleet.patching.manifest import PatchSet, load_patch_set
-from fleet.patching.service import HostReport, apply_host, revert_host
+from fleet.patching.service import HostReport, apply_host, revert_host, write_failed
 from fleet.sandbox.vllm_source import vllm_tree
 from fleet.transport import Result, to_command
 
@@ -48,8 +50,6 @@ class LocalConn:
             "PYTHONPATH": str(root / "site"),
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        if remote.FAULT_ENV in os.environ:
-            self.env[remote.FAULT_ENV] = os.environ[remote.FAULT_ENV]
 
     def run(
         self, command: Any, *, stdin: bytes | None = None, timeout: float | None = None
@@ -234,7 +234,7 @@ def test_killed_at_any_point_leaves_each_file_original_or_patched(
     conn, pkg = host
     original = shas(pkg, patch_set)
     want = expected_after(patch_set, "0.15.0", pkg)
-    conn.env[remote.FAULT_ENV] = point
+    monkeypatch.setenv(remote.FAULT_ENV, point)
     with pytest.raises(OperationFailed, match="without an answer"):
         apply_host(conn, patch_set)
     now = shas(pkg, patch_set)
@@ -243,10 +243,12 @@ def test_killed_at_any_point_leaves_each_file_original_or_patched(
     patched = [p for p in now if now[p] == want[p] != original[p]]
     if point in ("after-lock", "after-backup", "after-temp"):
         assert patched == []
+    if point == "after-first-rename":
+        assert len(patched) == 1
     if point in ("after-rename", "before-manifest"):
-        assert len(patched) == 4
+        assert sorted(patched) == sorted(p for p in want if want[p] != original[p])
     # the next run completes the job, and the originals can still be restored
-    del conn.env[remote.FAULT_ENV]
+    monkeypatch.delenv(remote.FAULT_ENV)
     report = apply_host(conn, patch_set)
     assert report.ok and shas(pkg, patch_set) == want
     assert not list(pkg.rglob(".*fleet-tmp-*"))
@@ -255,11 +257,11 @@ def test_killed_at_any_point_leaves_each_file_original_or_patched(
 
 
 def test_compile_failure_restores_the_originals(
-    host: tuple[LocalConn, Path], patch_set: PatchSet
+    host: tuple[LocalConn, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn, pkg = host
     original = shas(pkg, patch_set)
-    conn.env[remote.FAULT_ENV] = "compile-error"
+    monkeypatch.setenv(remote.FAULT_ENV, "compile-error")
     report = apply_host(conn, patch_set)
     assert not report.ok
     assert "py_compile failed" in (report.message or "")
@@ -325,3 +327,202 @@ def test_script_is_python_3_8_syntax() -> None:
     import ast
 
     ast.parse(remote.script_text(), feature_version=(3, 8))
+
+
+# -- an exception while writing: every file already replaced is restored ------------------
+
+RAISES = ["after-temp", "after-first-rename", "after-rename", "before-manifest"]
+
+
+@pytest.mark.parametrize("point", RAISES)
+def test_exception_while_writing_restores_every_file(
+    host: tuple[LocalConn, Path],
+    patch_set: PatchSet,
+    point: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An OSError (as from a failing rename, or mkstemp on a full /tmp) at ``point``: the
+    host ends with every original, no temp file, no pending manifest, a clear failure."""
+    conn, pkg = host
+    original = shas(pkg, patch_set)
+    want = expected_after(patch_set, "0.15.0", pkg)
+    to_write = sorted(p for p in want if want[p] != original[p])
+    assert len(to_write) > 1
+    monkeypatch.setenv(remote.FAULT_ENV, f"{point}:raise")
+    with pytest.raises(OperationFailed) as info:
+        apply_host(conn, patch_set)
+    assert shas(pkg, patch_set) == original
+    assert not list(pkg.rglob(".*fleet-tmp-*"))
+    assert not list((conn.root / "home" / ".fleet" / "patches").glob("eagle3-deepseek/*"))
+    message = str(info.value)
+    assert "writing the patch failed" in message and f"injected fault at {point}" in message
+    assert "every file was put back as it was, nothing is patched" in message
+    # the host is clean: the next run applies, and revert restores
+    monkeypatch.delenv(remote.FAULT_ENV)
+    report = apply_host(conn, patch_set)
+    assert report.ok and sorted(statuses(report)[p] for p in to_write) == ["applied"] * len(
+        to_write
+    )
+    assert revert_host(conn, patch_set).ok and shas(pkg, patch_set) == original
+
+
+def test_exception_after_renames_drops_the_bytecode_of_restored_files(
+    host: tuple[LocalConn, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn, pkg = host
+    cache = pkg / "model_executor" / "models" / "__pycache__"
+    cache.mkdir(parents=True)
+    stale = cache / "deepseek_v2.cpython-311.pyc"
+    stale.write_bytes(b"compiled from the patched text")
+    monkeypatch.setenv(remote.FAULT_ENV, "after-rename:raise")
+    with pytest.raises(OperationFailed, match="writing the patch failed"):
+        apply_host(conn, patch_set)
+    assert not stale.exists()
+
+
+def test_the_answer_of_a_failed_write_says_what_was_restored(
+    host: tuple[LocalConn, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn, _pkg = host
+    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
+    items = [
+        {
+            "path": f.path,
+            "sha256_before": f.sha256_before or "",
+            "text_after": f.new_text or "",
+            "sha256_after": f.sha256_after or "",
+        }
+        for f in plan.to_write
+    ]
+    monkeypatch.setenv(remote.FAULT_ENV, "after-first-rename:raise")
+    result = remote.apply(conn, fetched, patch_set.name, items)
+    assert result["ok"] is False and result["written"] == []
+    assert result["write_error"].startswith("OSError: [Errno 28]")
+    assert result["restored"] is True and result["restore_errors"] == []
+
+
+def test_a_file_that_cannot_be_restored_stays_listed_for_revert(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The undo itself fails for one file: the others are restored, and the manifest keeps
+    the one left patched (pending) so that ``fleet patch --revert`` can finish the job."""
+    import json
+
+    from fleet.patching import remote_patch as script
+
+    pkg = tmp_path / "vllm"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("a = 2\n")
+    (pkg / "b.py").write_text("b = 2\n")
+    originals = {"a.py": b"a = 1\n", "b.py": b"b = 1\n"}
+    directory = tmp_path / "backup"
+    entry = {"sha256_before": "x", "sha256_after": "y", "state": "pending"}
+    manifest: dict[str, Any] = {"files": {"a.py": dict(entry), "b.py": dict(entry)}}
+    real_replace = script._replace
+
+    def failing_replace(path: str, data: bytes, like: str | None = None) -> None:
+        if path.endswith("b.py"):
+            raise OSError(28, "No space left on device")
+        real_replace(path, data, like)
+
+    monkeypatch.setattr(script, "_replace", failing_replace)
+    items = [{"path": "a.py"}, {"path": "b.py"}]
+    failed = script._undo(str(pkg), str(directory), manifest, items, ["a.py", "b.py"], originals)
+    assert failed == [{"path": "b.py", "error": "OSError: [Errno 28] No space left on device"}]
+    assert (pkg / "a.py").read_bytes() == originals["a.py"]
+    kept = json.loads((directory / "manifest.json").read_text())
+    assert list(kept["files"]) == ["b.py"]
+
+    message = str(
+        write_failed(
+            "h1",
+            {"write_error": "OSError: boom", "restore_errors": failed, "backup_dir": "/b"},
+        )
+    )
+    assert "could not restore b.py (OSError: [Errno 28]" in message
+    assert "/b" in message and "fleet patch --revert" in message
+
+
+# -- the fault hook: only from the request, never from the host's environment -------------
+
+
+def test_the_hosts_environment_cannot_inject_a_fault(
+    host: tuple[LocalConn, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn, pkg = host
+    monkeypatch.delenv(remote.FAULT_ENV, raising=False)
+    conn.env[remote.FAULT_ENV] = "after-lock"  # would exit at once if it were honoured
+    report = apply_host(conn, patch_set)
+    assert report.ok, report.message
+    assert shas(pkg, patch_set) == expected_after(patch_set, "0.15.0", Path(str(pkg)))
+
+
+# -- temp files: unique, exclusive, never through a symlink, removed on failure -----------
+
+
+def test_write_temp_never_follows_a_planted_symlink(tmp_path: Path) -> None:
+    from fleet.patching import remote_patch as script
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    target = tmp_path / "pkg" / "mod.py"
+    target.parent.mkdir()
+    target.write_text("x = 1\n")
+    # the names an attacker could guess: the old scheme used the pid as the only suffix
+    for guess in (os.getpid(), 0, 1):
+        (target.parent / f".mod.py.fleet-tmp-{guess}").symlink_to(victim)
+    tmp = script._write_temp(str(target), b"x = 2\n", str(target))
+    assert victim.read_bytes() == b"precious"
+    assert not Path(tmp).is_symlink() and Path(tmp).read_bytes() == b"x = 2\n"
+    assert Path(tmp).parent == target.parent and Path(tmp).name.startswith(".mod.py.fleet-tmp-")
+    other = script._write_temp(str(target), b"x = 3\n", str(target))
+    assert other != tmp and Path(tmp).read_bytes() == b"x = 2\n"
+
+
+def test_write_temp_removes_its_file_when_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet.patching import remote_patch as script
+
+    target = tmp_path / "mod.py"
+    target.write_text("x = 1\n")
+
+    def no_space(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(script.os, "fsync", no_space)
+    with pytest.raises(OSError, match="No space left"):
+        script._write_temp(str(target), b"x = 2\n", str(target))
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mod.py"]
+
+
+# -- the interpreter: written as inspect and source write it ------------------------------
+
+
+def test_patch_command_expands_a_home_relative_python_on_the_host() -> None:
+    assert remote.patch_command("~/env/bin/python") == ("sh -c 'exec \"$HOME\"/env/bin/python -'")
+    assert remote.patch_command("/opt/my env/bin/python3") == (
+        "sh -c 'exec '\"'\"'/opt/my env/bin/python3'\"'\"' -'"
+    )
+
+
+def test_a_home_relative_python_runs(tmp_path: Path, patch_set: PatchSet) -> None:
+    pkg = make_host(tmp_path, "0.15.0", patch_set)
+    env_bin = tmp_path / "home" / "my env" / "bin"
+    env_bin.mkdir(parents=True)
+    (env_bin / "python").symlink_to(sys.executable)
+    conn = LocalConn(tmp_path, python="~/my env/bin/python")
+    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    assert fetched.package_dir == str(pkg.resolve())
+    assert apply_host(conn, patch_set).ok
+
+
+def test_a_missing_python_fails_in_one_clear_line(tmp_path: Path, patch_set: PatchSet) -> None:
+    make_host(tmp_path, "0.15.0", patch_set)
+    conn = LocalConn(tmp_path, python="~/nowhere/bin/python")
+    with pytest.raises(OperationFailed) as info:
+        apply_host(conn, patch_set)
+    assert "python interpreter '~/nowhere/bin/python' not found on the host" in str(info.value)
+    assert info.value.hint and "inventory" in info.value.hint
