@@ -35,13 +35,16 @@ DEFAULT_LIMIT = 1000
 
 # Printed on the host: the real path of the vLLM package directory, found without
 # importing vLLM (find_spec of a top-level name does not execute the package).
-FIND_VLLM = (
-    "import importlib.util as u, os, sys\n"
-    'if sys.path and sys.path[0] in ("", "."): del sys.path[0]\n'
-    's = u.find_spec("vllm")\n'
-    "l = list(s.submodule_search_locations or []) if s else []\n"
-    'if not l: sys.exit("vLLM is not installed for " + sys.executable)\n'
-    "sys.stdout.write(os.path.realpath(l[0]))\n"
+FIND_VLLM = "; ".join(
+    (
+        "import importlib.util as u, os, sys",
+        # only the installed environment counts, not the directory the command runs in
+        'sys.path[:] = [p for p in sys.path if p not in ("", ".")]',
+        's = u.find_spec("vllm")',
+        "l = list(s.submodule_search_locations or []) if s else []",
+        'l or sys.exit("vLLM is not installed for " + sys.executable)',
+        "sys.stdout.write(os.path.realpath(l[0]))",
+    )
 )
 
 _RANGE = re.compile(r"^(?P<start>\d+)(?:(?P<dash>-)(?P<end>\d*))?$")
@@ -163,16 +166,40 @@ def check_regex(regex: str, *, fixed: bool = False) -> str:
 def _locate(python: str, rel: str) -> str:
     """Shell text: ``d`` = real vLLM dir, ``f`` = real path of ``rel`` inside it (or exit)."""
     return (
-        f"d=$({python_word(python)} -c {shlex.quote(FIND_VLLM)}) || exit {EXIT_NO_VLLM}\n"
-        f'[ -n "$d" ] && cd "$d" || exit {EXIT_NO_VLLM}\n'
-        f"f=$(realpath -e -- {shlex.quote(rel)} 2>/dev/null) || exit {EXIT_NOT_FOUND}\n"
-        f'case "$f" in "$d"|"$d"/*) ;; *) exit {EXIT_ESCAPES} ;; esac\n'
+        f"d=$({python_word(python)} -c {shlex.quote(FIND_VLLM)}) || exit {EXIT_NO_VLLM}; "
+        f'[ -n "$d" ] && cd "$d" || exit {EXIT_NO_VLLM}; '
+        f"f=$(realpath -e -- {shlex.quote(rel)} 2>/dev/null) || exit {EXIT_NOT_FOUND}; "
+        f'case "$f" in "$d"|"$d"/*) ;; *) exit {EXIT_ESCAPES} ;; esac; '
     )
 
 
-def _wrap(script: str) -> str:
-    """Run ``script`` with ``sh`` whatever the user's login shell is."""
-    return "sh -c " + shlex.quote(script)
+_SH_SPECIAL = re.compile(r"([\\'!])")
+
+
+def shell_word(text: str) -> str:
+    """``text`` as ONE word for every common login shell: sh, bash, zsh, fish and csh.
+
+    Runs of ordinary characters go in single quotes; each backslash, single quote and
+    ``!`` is written unquoted, escaped by a backslash: inside single quotes fish reads two
+    backslashes as one and csh expands ``!`` (history), while outside quotes every shell
+    reads an escaped character the same way. csh cannot quote a newline: refused."""
+    if "\n" in text or "\0" in text:
+        raise UsageError(f"a remote command cannot contain a newline or NUL: {text[:80]!r}")
+    if not text:
+        return "''"
+    out = []
+    for piece in _SH_SPECIAL.split(text):
+        if piece in ("\\", "'", "!"):
+            out.append("\\" + piece)
+        elif piece:
+            out.append("'" + piece + "'")
+    return "".join(out)
+
+
+def sh_command(script: str) -> str:
+    """``sh -c <script>``: run a one-line POSIX sh ``script`` whatever the user's login
+    shell is (it only has to pass one word to ``sh``, see :func:`shell_word`)."""
+    return "sh -c " + shell_word(script)
 
 
 def show_command(python: str, spec: FileSpec) -> str:
@@ -181,12 +208,12 @@ def show_command(python: str, spec: FileSpec) -> str:
     end = "$" if spec.end is None else str(spec.end)
     sed = f"{spec.start},{end}p" + ("" if spec.end is None else f";{spec.end}q")
     script = _locate(python, spec.path) + (
-        f'[ -f "$f" ] || exit {EXIT_NOT_A_FILE}\n'
-        'n=$(wc -l < "$f") || exit 1\n'
-        "printf '%s\\0%s\\0%s\\0' \"$d\" \"$f\" \"$n\"\n"
-        f'exec sed -n {shlex.quote(sed)} "$f"\n'
+        f'[ -f "$f" ] || exit {EXIT_NOT_A_FILE}; '
+        'n=$(wc -l < "$f") || exit 1; '
+        "printf '%s\\0%s\\0%s\\0' \"$d\" \"$f\" \"$n\"; "
+        f'exec sed -n {shlex.quote(sed)} "$f"'
     )
-    return _wrap(script)
+    return sh_command(script)
 
 
 def grep_command(
@@ -215,8 +242,8 @@ def grep_command(
     if limit:
         grep += f" | head -n {int(limit) + 1}"
     grep += ' || [ "$?" -le 2 ]'  # grep: 1 = no match, 2 = some file unreadable
-    script = _locate(python, path) + "printf '%s\\0' \"$d\"\n" + grep + "\n"
-    return _wrap(script)
+    script = _locate(python, path) + "printf '%s\\0' \"$d\"; " + grep
+    return sh_command(script)
 
 
 # -- output parsers (pure) --------------------------------------------------------------

@@ -35,7 +35,9 @@ def python_word(python: str) -> str:
 
 def facts_command(python: str) -> str:
     """``PY -`` run by ``sh`` whatever the login shell is."""
-    return "sh -c " + shlex.quote(f"exec {python_word(python)} -")
+    from fleet.source import sh_command  # (fleet.source imports python_word from here)
+
+    return sh_command(f"exec {python_word(python)} -")
 
 
 def gather_facts(conn: HostConnection, *, timeout: float = FACTS_TIMEOUT) -> HostFacts:

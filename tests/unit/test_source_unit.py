@@ -8,11 +8,15 @@ the ``realpath`` containment check and the output protocol without any SSH.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleet.errors import OperationFailed, UsageError
 from fleet.source import (
@@ -30,6 +34,8 @@ from fleet.source import (
     parse_grep_output,
     parse_show_output,
     refusal,
+    sh_command,
+    shell_word,
     show_command,
 )
 
@@ -310,3 +316,67 @@ def test_parse_show_output() -> None:
     assert (shown.total_lines, shown.lines) == (42, [(7, "seven"), (8, "")])
     with pytest.raises(OperationFailed):
         parse_show_output("/v\0/v/a.py\0", spec)
+
+
+# -- any login shell ------------------------------------------------------------------
+
+
+LOGIN_SHELLS = [s for s in ("sh", "bash", "dash", "zsh", "fish", "tcsh", "csh") if shutil.which(s)]
+TRICKY = ["", "plain", "a'b", 'a"b', "a\\b", "a\\\\b", "\\", "'", "!", "x!y", "$HOME", "`id`",
+          "a b;c|d&e", "%s\\0%s", "*?[a]{b}~#()<>^"]
+
+
+@pytest.mark.parametrize("shell", LOGIN_SHELLS)
+def test_sh_command_reaches_sh_intact_from_any_login_shell(shell: str, tmp_path: Path) -> None:
+    """sshd runs ``<login shell> -c COMMAND``; whatever that shell is, ``sh`` gets the script
+    unchanged (fish reads ``\\\\`` in single quotes as one backslash, csh expands ``!``)."""
+    for text in TRICKY:
+        cmd = sh_command("printf '%s' " + shlex.quote(text))
+        res = subprocess.run([shell, "-c", cmd], capture_output=True, text=True, cwd=tmp_path,
+                             timeout=30)
+        assert (res.returncode, res.stdout) == (0, text), (shell, text, res.stderr)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.text(st.characters(codec="utf-8", exclude_characters="\n\0")))
+def test_shell_word_property(text: str) -> None:
+    for shell in [s for s in ("sh", "fish", "tcsh") if s in LOGIN_SHELLS]:
+        res = subprocess.run([shell, "-c", "printf '%s' " + shell_word(text)],
+                             capture_output=True, timeout=30,
+                             env={"PATH": os.environ["PATH"], "LANG": "C.UTF-8"})
+        assert res.stdout.decode("utf-8", "surrogateescape") == text, (shell, text)
+
+
+def test_newline_cannot_be_sent() -> None:
+    with pytest.raises(UsageError):
+        sh_command("echo a\necho b")
+
+
+@pytest.mark.parametrize("shell", LOGIN_SHELLS)
+def test_show_and_grep_under_any_login_shell(shell: str, site: Path, tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8",
+           "PYTHONPATH": str(site)}
+    spec = parse_file_spec("model_executor/models/deepseek_v2.py:20-21")
+    for cmd in (show_command("python3", spec), grep_command("python3", r"x\\y|line 1[5]")):
+        assert "\n" not in cmd and shlex.split(cmd)[:2] == ["sh", "-c"]
+    res = subprocess.run([shell, "-c", show_command("python3", spec)], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert parse_show_output(res.stdout, spec).lines[0] == (20, "line 20")
+    res = subprocess.run([shell, "-c", grep_command("python3", r"x\\y|line 1[5]")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert [m.line for m in parse_grep_output(res.stdout).matches] == [15]
+
+
+def test_vllm_in_the_login_directory_does_not_shadow_the_installed_one(
+    site: Path, tmp_path: Path
+) -> None:
+    decoy = tmp_path / "vllm" / "model_executor" / "models"
+    decoy.mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    (decoy / "deepseek_v2.py").write_text("decoy\n")
+    spec = parse_file_spec("model_executor/models/deepseek_v2.py:1")
+    res = sh(show_command("python3", spec), site, tmp_path)  # cwd is tmp_path
+    shown = parse_show_output(res.stdout, spec)
+    assert shown.vllm_dir == str((site / "vllm").resolve()) and shown.lines == [(1, "line 1")]
