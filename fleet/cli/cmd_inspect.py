@@ -98,19 +98,23 @@ def disk_cell(facts: HostFacts) -> str:
 
 
 def vllm_cell(facts: HostFacts) -> str:
+    from rich.markup import escape
+
     if not facts.vllm.installed:
         return "[red]not installed[/]"
-    return facts.vllm.version or "?"
+    return escape(facts.vllm.version or "?")
 
 
 def gpu_cell(facts: HostFacts) -> str:
+    from rich.markup import escape
+
     from fleet.facts import gpu_summary
 
     if facts.nvidia_smi == "missing":
         return "[dim]no nvidia-smi[/]"
     if facts.nvidia_smi == "failed":
         return "[red]nvidia-smi failed[/]"
-    return gpu_summary(facts.gpus)
+    return escape(gpu_summary(facts.gpus))
 
 
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "bold red"}
@@ -205,11 +209,11 @@ def render_host(name: str, facts: HostFacts) -> None:
             else:
                 note = escape(f"{info.file}:{info.line} no SupportsEagle3 base")
             label = "EAGLE-3" if i == 0 else ""
-            grid.add_row(label, f"{_mark(value)} {cls}  [dim]{note}[/]")
+            grid.add_row(label, f"{_mark(value)} {escape(cls)}  [dim]{note}[/]")
         allow = vllm.eagle3_allowlist
         if allow is not None and allow.present:
             where = escape(f"{allow.name} ({allow.file}:{allow.line})")
-            admits = " ".join(f"{t} {_mark(v)}" for t, v in allow.admits.items())
+            admits = " ".join(f"{escape(t)} {_mark(v)}" for t, v in allow.admits.items())
             grid.add_row("allowlist", f"{where}: {admits}")
         elif allow is not None:
             grid.add_row("allowlist", "none (no config-time EAGLE-3 model check)")

@@ -25,6 +25,7 @@ from fleet.facts.models import (
     VllmFacts,
     VllmServer,
 )
+from fleet.redact import redact_argv, redact_text
 
 SCHEMA = 1
 BEGIN = "----- fleet-facts begin -----"
@@ -386,13 +387,15 @@ def _descendants(pid: int, processes: list[dict[str, Any]]) -> list[str]:
                 seen.add(child["pid"])
                 todo.append(child["pid"])
                 argv = child.get("argv") or [""]
-                out.append(str(argv[0]).strip())
+                out.append(redact_text(str(argv[0]).strip()))
     return out
 
 
 def parse_servers(processes: list[dict[str, Any]]) -> list[VllmServer]:
     """vLLM API servers among the processes (``vllm serve`` or ``-m vllm.entrypoints``);
-    their vLLM child processes (engine cores, workers) are listed as descendants."""
+    their vLLM child processes (engine cores, workers) are listed as descendants.
+
+    Command lines can hold secrets (``--api-key KEY``): the argv kept is redacted."""
     servers = []
     for proc in processes:
         argv = [str(a) for a in proc.get("argv") or []]
@@ -405,8 +408,8 @@ def parse_servers(processes: list[dict[str, Any]]) -> list[VllmServer]:
         servers.append(
             VllmServer(
                 pid=int(proc["pid"]),
-                argv=argv,
-                model=model,
+                argv=redact_argv(argv),
+                model=redact_text(model) if model else model,
                 port=port,
                 host=_option(args, "--host"),
                 uid=proc.get("uid"),

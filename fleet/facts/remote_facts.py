@@ -51,10 +51,21 @@ def part_python() -> dict[str, Any]:
     }
 
 
+def _installed_path() -> list[str]:
+    # sys.path without the current directory ("" for `python -`, or "."): a vllm/ in the
+    # login directory must not shadow the installed package (as fleet.source.FIND_VLLM)
+    return [p for p in sys.path if p not in ("", ".")]
+
+
 def _vllm_dir() -> str | None:
     import importlib.util
 
-    spec = importlib.util.find_spec("vllm")
+    saved = sys.path[:]
+    sys.path[:] = _installed_path()
+    try:
+        spec = importlib.util.find_spec("vllm")
+    finally:
+        sys.path[:] = saved
     if spec is None:
         return None
     locations = list(spec.submodule_search_locations or [])
@@ -308,8 +319,7 @@ def run(func: Callable[..., Any], *args: Any) -> dict[str, Any]:
 
 def main() -> None:
     # Only the installed environment counts, not the directory the command runs in.
-    if sys.path and sys.path[0] in ("", "."):
-        del sys.path[0]
+    sys.path[:] = _installed_path()
     parts: dict[str, dict[str, Any]] = {}
     parts["host"] = run(part_host)
     parts["python"] = run(part_python)

@@ -155,7 +155,9 @@ def test_running_vllm_server_is_seen(shared_sandbox: Sandbox, tmp_path: Path) ->
     fake.chmod(0o755)
     # argv as the kernel sets it: [python, .../vllm, serve, MODEL, --port, 8123]; Popen
     # returns after the exec, so the command line is already in /proc
-    proc = subprocess.Popen([str(fake), "serve", "/models/Kimi-K2.5", "--port", "8123"])
+    secret = "sk-inspectsecret0123456789abcdef"
+    proc = subprocess.Popen([str(fake), "serve", "/models/Kimi-K2.5", "--port", "8123",
+                             "--api-key", secret])
     try:
         name = shared_sandbox.hosts[0].name
         res, doc = inspect_json(shared_sandbox, name)
@@ -163,6 +165,12 @@ def test_running_vllm_server_is_seen(shared_sandbox: Sandbox, tmp_path: Path) ->
         servers = [s for s in doc["hosts"][name]["servers"] if s["pid"] == proc.pid]
         assert len(servers) == 1, doc["hosts"][name]["servers"]
         assert servers[0]["model"] == "/models/Kimi-K2.5" and servers[0]["port"] == 8123
+        # the API key on its command line is masked in every output
+        assert servers[0]["argv"][-2:] == ["--api-key", "***"]
+        assert secret not in res.stdout
+        human = shared_sandbox.run_fleet("inspect", "--host", name, "--details")
+        assert human.returncode == 0 and "port 8123" in human.stdout
+        assert secret not in human.stdout
     finally:
         proc.kill()
         proc.wait()

@@ -115,3 +115,46 @@ def test_inspect_unknown_host_is_usage_error(tmp_path: Path) -> None:
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text("all:\n  hosts:\n    h1: {address: 127.0.0.1}\n")
     assert run_cli(cli, ["--inventory", str(inventory), "inspect", "--host", "nope"]) == 2
+
+
+def test_host_strings_are_not_markup(capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Names, versions, GPU names, paths and errors come from hosts: printed literally."""
+    import fleet.cli.render as render
+
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(render, "_console", None)
+    f = facts("[/x]", True)
+    f.hostname = "[/hostname]"
+    f.vllm.path = "/env/[/path]\\"
+    f.gpus = [GpuInfo(index=0, name="[/bold]GPU\\", memory_total_mib=1024)]
+    f.driver = "[red]570"
+    f.errors = {"disk:home": "[/err]"}
+    outcomes: list[HostOutcome[HostFacts]] = [
+        HostOutcome("[/x]", "ok", value=f),
+        HostOutcome("[/down]", "failed", error="[/red] boom\\", hint="[/dim]"),
+    ]
+    render_outcomes(outcomes, True)
+    out = capsys.readouterr().out
+    for literal in ("[/x]", "[/hostname]", "/env/[/path]", "[/bold]GPU", "[red]570",
+                    "[/err]", "[/down]: [/red] boom", "next: [/dim]"):
+        assert literal in out, literal
+
+
+def test_no_secret_in_inspect_output(capsys: pytest.CaptureFixture[str],
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import fleet.cli.render as render
+
+    secret = "sk-inspectsecret0123456789abc"
+    argv = ["/env/bin/vllm", "serve", "/models/m", "--port", "8000", "--api-key", secret]
+    doc = {"schema": 1, "parts": {"processes": {"value": {
+        "processes": [{"pid": 5, "argv": argv}], "uid": 0}}}}
+    parsed = parse_facts(doc)
+    assert parsed.servers[0].port == 8000
+    outcomes = [HostOutcome("h", "ok", value=parsed)]
+    assert secret not in json.dumps(inspect_json(outcomes))
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setattr(render, "_console", None)
+    render_outcomes(outcomes, True)
+    out = capsys.readouterr().out
+    assert "pid 5 port 8000" in out and secret not in out

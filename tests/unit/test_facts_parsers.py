@@ -244,6 +244,40 @@ def test_servers_from_recorded_processes() -> None:
     assert (servers[7100].model, servers[7100].port) == ("Qwen/Qwen3-8B", 8100)
 
 
+API_KEY = "sk-fleetfacts0123456789abcdef"
+HF_TOKEN = "hf_fleetFactsToken0123456789ABCDEFG"
+
+
+def cmdline_sample() -> list[dict[str, Any]]:
+    """/proc/PID/cmdline as the facts script reads it (NUL-separated, split), for a server
+    started with its API key on the command line."""
+    words = [
+        "/opt/ml-env/bin/python3", "/opt/ml-env/bin/vllm", "serve", "/models/Kimi-K2.5",
+        "--port", "8001", "--api-key", API_KEY, f"--hf-token={HF_TOKEN}",
+        "--tokenizer", "/models/tok",
+    ]
+    raw = b"\0".join(w.encode() for w in words) + b"\0"
+    argv = [a.decode() for a in raw.rstrip(b"\0").split(b"\0")]
+    return [
+        {"pid": 10, "ppid": 1, "uid": 1000, "argv": argv},
+        {"pid": 11, "ppid": 10, "uid": 1000, "argv": [f"VLLM::EngineCore --api-key={API_KEY}"]},
+    ]
+
+
+def test_server_argv_is_redacted() -> None:
+    (server,) = parse_servers(cmdline_sample())
+    assert (server.model, server.port) == ("/models/Kimi-K2.5", 8001)
+    assert server.argv[server.argv.index("--api-key") + 1] == "***"
+    assert "--hf-token=***" in server.argv
+    assert server.argv[-2:] == ["--tokenizer", "/models/tok"]  # not a secret
+    doc = json.dumps(server.model_dump(mode="json"))
+    assert API_KEY not in doc and HF_TOKEN not in doc
+    facts = parse_facts({"schema": 1, "parts": {"processes": {"value": {
+        "processes": cmdline_sample(), "uid": 1000}}}})
+    doc = json.dumps(facts.model_dump(mode="json"))
+    assert API_KEY not in doc and HF_TOKEN not in doc
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -335,3 +335,41 @@ def test_gather_facts_errors_name_the_problem(tmp_path: Path) -> None:
     fake.chmod(0o755)
     with pytest.raises(OperationFailed, match=r"no facts document.*exit 1: SyntaxError"):
         _gather(str(fake), tmp_path)
+
+
+def _decoy(where: Path) -> Path:
+    """A ``vllm/`` package in the login directory, as a user's checkout might be."""
+    pkg = where / "vllm"
+    (pkg / "model_executor" / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_version.py").write_text("__version__ = version = '6.6.6'\n")
+    return pkg
+
+
+def test_vllm_dir_in_the_login_directory_does_not_shadow_the_installed_one(
+    tmp_path: Path,
+) -> None:
+    decoy = _decoy(tmp_path)  # run_facts runs the script with cwd=tmp_path
+    _, facts = run_facts(vllm_tree("0.17.0"), tmp_path)
+    assert facts.vllm.path == str((vllm_tree("0.17.0") / "vllm").resolve())
+    assert facts.vllm.path != str(decoy.resolve()) and facts.vllm.version == "0.17.0"
+    # without an installed vLLM the decoy is not taken for one either
+    _, facts = run_facts(None, tmp_path)
+    assert not facts.vllm.installed and facts.vllm.path is None
+
+
+def test_vllm_dir_ignores_the_current_directory_on_its_own(tmp_path: Path) -> None:
+    """``_vllm_dir`` itself skips "" and "." (not only ``main``): the same rule as
+    fleet.source.FIND_VLLM wherever the function is used."""
+    _decoy(tmp_path)
+    probe = (
+        "import sys\n"
+        "sys.path[:0] = ['', '.']\n"
+        f"ns = {{'__name__': 'remote_facts'}}\n"
+        f"exec(compile(open({str(REMOTE)!r}).read(), 'remote_facts', 'exec'), ns)\n"
+        "print(ns['_vllm_dir']())\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(vllm_tree("0.17.0"))}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=60, check=True).stdout.strip()
+    assert out == str((vllm_tree("0.17.0") / "vllm").resolve())
