@@ -5,6 +5,11 @@
     fleet logs --host P PROFILE --follow [--diagnose]
     fleet logs --file PATH --diagnose               a local file, no inventory needed
 
+With ``--json``: ``--diagnose`` prints ``{"diagnoses": [...ranked, each with "host"],
+"hosts": {name: {...}}}``; ``--follow`` prints one JSON object per line, ``{"host", "line",
+"text"}`` per log line, or with ``--diagnose`` ``{"host", "diagnosis"}`` per new finding.
+Secrets (API keys, tokens) are masked in every line and diagnosis shown.
+
 Exit codes: 0 clean, 1 a fatal/error diagnosis (or a host failed), 2 bad input,
 3 a host unreachable.
 """
@@ -20,6 +25,7 @@ import click
 
 from fleet.cli.context import AppContext, host_option, pass_app
 from fleet.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
+from fleet.redact import redact_text
 
 if TYPE_CHECKING:
     from fleet.diagnosis.models import Diagnosis
@@ -145,7 +151,7 @@ def _show_local(app: AppContext, path: Path, lines: int) -> int:
         text = fh.read().decode("utf-8", errors="replace").split("\n")
     if text and text[-1] == "":
         text.pop()
-    numbered = list(enumerate(text, first))
+    numbered = [(n, redact_text(t)) for n, t in enumerate(text, first)]
     if app.json_output:
         from fleet.cli.render import emit_json
 
@@ -192,10 +198,15 @@ def _diagnose_hosts(app: AppContext, selected: list[Any], path: str, tail: int |
 
 
 def hosts_json(outcomes: list[HostOutcome[RemoteDiagnosis]]) -> dict[str, Any]:
-    """``{"hosts": {name: {"diagnoses": [...], "bytes_received": N, ...}}}``."""
-    from fleet.cli.render import hosts_json
+    """``{"diagnoses": [...], "hosts": {name: {"diagnoses": [...], "bytes_received": N, ...}}}``.
 
-    return hosts_json(
+    The top-level ``diagnoses`` (the DESIGN contract) holds every host's diagnoses, each
+    with its ``host``, ranked: every host's primary cause first, then the others; within
+    each, by severity, then by the engine's rank on its host."""
+    from fleet.cli.render import hosts_json
+    from fleet.diagnosis.models import SEVERITY_ORDER
+
+    doc = hosts_json(
         outcomes,
         lambda r: {
             "path": r.path,
@@ -203,9 +214,19 @@ def hosts_json(outcomes: list[HostOutcome[RemoteDiagnosis]]) -> dict[str, Any]:
             "bytes_received": r.bytes_received,
             "file_size": r.file_size,
             "candidate_lines": r.candidate_lines,
+            "truncated": r.truncated,
             "notes": r.notes,
         },
     )
+    ranked: list[tuple[tuple[bool, int, int, int], dict[str, Any]]] = []
+    for h, o in enumerate(outcomes):
+        if not o.ok or o.value is None:
+            continue
+        for i, d in enumerate(o.value.diagnoses):
+            key = (i > 0, SEVERITY_ORDER.get(d.severity, 9), i, h)
+            ranked.append((key, {"host": o.host, **d.as_contract()}))
+    ranked.sort(key=lambda item: item[0])
+    return {"diagnoses": [entry for _key, entry in ranked], **doc}
 
 
 def _render_outcome(o: HostOutcome[RemoteDiagnosis]) -> None:
@@ -255,7 +276,7 @@ def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> 
         text = res.stdout.split("\n")
         if text and text[-1] == "":
             text.pop()
-        return list(parse_numbered(text, Header()))
+        return [(n, redact_text(t)) for n, t in parse_numbered(text, Header())]
 
     outcomes = fan_out(app.session(), selected, run, forks=app.forks)
     if app.json_output:
@@ -291,9 +312,13 @@ def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -
     conn = session.connect(host)
     found: list[Diagnosis] = []
     try:
-        for _n, text, fresh in follow(conn, path, lines=lines):
+        for n, raw, fresh in follow(conn, path, lines=lines):
+            text = redact_text(raw)
             if not app.json_output:
                 sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+            elif not diagnose:
+                sys.stdout.write(json.dumps({"host": host.name, "line": n, "text": text}) + "\n")
                 sys.stdout.flush()
             if diagnose and fresh:
                 found.extend(fresh)

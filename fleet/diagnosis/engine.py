@@ -40,6 +40,7 @@ from fleet.diagnosis.normalize import (
     normalize,
     visible,
 )
+from fleet.redact import redact_text
 
 MAX_EVIDENCE = 5
 CONTEXT_LINES = 2
@@ -116,16 +117,19 @@ def _fill(templates: list[str], values: dict[str, str]) -> str | None:
 
 
 def render(rule: Rule, values: dict[str, str]) -> tuple[str, str | None, dict[str, str]]:
-    """(summary, fix, values with derivations) for a rule and captured values."""
-    vals = dict(values)
+    """(summary, fix, values with derivations) for a rule and captured values.
+
+    Captured values come from log lines, so everything returned is passed through
+    :func:`fleet.redact.redact_text` (an API key in a message never reaches the output)."""
+    vals = {k: redact_text(v) for k, v in values.items()}
     for name in rule.derive:
         fn = DERIVATIONS.get(name)
         if fn is not None:
             for k, v in fn(vals).items():
                 vals.setdefault(k, v)
-    summary = _fill(rule.summary, vals) or rule.title
+    summary = redact_text(_fill(rule.summary, vals) or rule.title)
     fix = _fill(rule.fix, vals) if rule.fix else None
-    return summary, fix, vals
+    return summary, redact_text(fix) if fix else fix, vals
 
 
 def with_values(
@@ -192,8 +196,13 @@ class Engine:
         self._facts: dict[str, str] = {}
         self._open: list[_Match] = []
         self._last_frame = -2
+        self._exception_texts: set[str] = set()
         self.lines_seen = 0
         self.candidates = 0
+        self.findings = 0
+        """Grows when :meth:`results` may hold something new: a rule's first match or an
+        exception line with a new text that no rule explains (a live follower recomputes
+        only then)."""
 
     # ---------------------------------------------------------------- input
     def feed(self, lineno: int, raw: str) -> None:
@@ -267,11 +276,16 @@ class Engine:
                 self._facts[name] = m.group(name)
         proc = norm.proc
         is_exc = (not info) and gated and cat.exception_line.match(text) is not None
+        new_exception = False
         if is_exc:
             anchor = lineno
             self._last_exc[proc] = lineno
             if len(self._exceptions) < MAX_EXCEPTIONS:
-                self._exceptions[lineno] = _Exc(lineno, text.strip(), proc)
+                exc_text = text.strip()
+                self._exceptions[lineno] = _Exc(lineno, exc_text, proc)
+                if exc_text not in self._exception_texts:
+                    self._exception_texts.add(exc_text)
+                    new_exception = True
         else:
             last = self._last_exc.get(proc)
             anchor = last if last is not None and 0 <= lineno - last <= CONTINUATION else lineno
@@ -309,6 +323,8 @@ class Engine:
             else:
                 prev.values = {**values, **prev.values}
         if not best_here:
+            if new_exception:
+                self.findings += 1  # a new unrecognized-error (no rule explains it)
             return
         exc = self._exceptions.get(anchor)
         if exc is not None:
@@ -320,6 +336,7 @@ class Engine:
             match.values = {**self._facts, **match.values}
             group = self._matches.setdefault(rule_id, [])
             if not group:
+                self.findings += 1
                 before = list(self._history)[-1 - CONTEXT_LINES : -1]
                 match.context = [
                     Evidence(line=n, text=self._display(r, c[0])) for n, r, c in before
@@ -431,11 +448,15 @@ class Engine:
             if m.line in seen:
                 continue
             seen.add(m.line)
-            evidence.append(Evidence(line=m.line, text=m.text))
+            evidence.append(Evidence(line=m.line, text=redact_text(m.text)))
             if len(evidence) >= self.max_evidence:
                 break
         first = matches[0]
-        context = first.context if first.pattern is not None else []
+        context = (
+            [Evidence(line=e.line, text=redact_text(e.text)) for e in first.context]
+            if first.pattern is not None
+            else []
+        )
         role = "unrecognized" if best.pattern is None else best.pattern.role
         return Diagnosis(
             id=rule.id,

@@ -1,14 +1,19 @@
 """Remote logs at scale: filter on the host, fetch only candidate lines.
 
-``fleet logs --host H PROFILE --diagnose`` runs one shell command on the host::
+``fleet logs --host H PROFILE --diagnose`` runs one shell command on the host, a one-line
+POSIX sh script passed as ``sh -c '...'`` (so fish or csh as login shell do not matter)::
 
-    grep -a -n -E -B3 -A3 -e '<literal1>|<literal2>|...' -- FILE | awk '<cap>'
+    grep -a -n -E -B3 -A3 -e '<literal1>|<literal2>|...' -- FILE | cut | awk '<cap>' | head -c
 
 where the alternation is every prefilter literal of the catalogue (a line no literal occurs
 in cannot match any rule), ``-n`` keeps the real line numbers (evidence cites them), and the
 context window gives the engine the lines around each hit. Only those lines cross the
-network: a healthy multi-GiB log costs a few kilobytes. The command prints a ``#fleet``
-header (file size, line offset) first so the caller can report the fraction moved.
+network: a healthy multi-GiB log costs a few kilobytes, and even a log whose every line is
+a candidate sends at most ``HEAD_BYTES + TAIL_BYTES`` (its start and its end; the dropped
+middle is counted and reported). The command prints a ``#fleet`` header (file size, line
+offset) first so the caller can report the fraction moved. With ``--tail`` the size is
+taken once and only that snapshot is read (``head -c SIZE``), so the line numbers of a log
+still being written stay right.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from fleet.diagnosis.catalogue import CompiledCatalogue, load_catalogue
 from fleet.diagnosis.engine import Engine, diagnose_numbered, with_values
 from fleet.diagnosis.models import Diagnosis
 from fleet.errors import OperationFailed, UsageError
+from fleet.source import sh_command
 
 if TYPE_CHECKING:
     from fleet.transport import HostConnection
@@ -30,6 +36,8 @@ if TYPE_CHECKING:
 WINDOW = 3
 HEAD_LINES = 100_000  # at most this many output lines from the start of the grep output...
 TAIL_LINES = 100_000  # ...and from its end; the middle is dropped (counted in the header)
+HEAD_BYTES = 2 * 2**20  # ...and at most this many bytes of each (a log whose every line
+TAIL_BYTES = 2 * 2**20  # is a candidate must not cross the network whole)
 MAX_LINE_BYTES = 20000  # longer candidate lines are cut on the host (the engine reads 16384)
 RUN_DIR = "~/.fleet/run"
 EXIT_NO_FILE = 66
@@ -64,25 +72,48 @@ def prefilter_regex(catalogue: CompiledCatalogue | None = None) -> str:
 
 
 def _header(qpath: str, tail: int | None) -> str:
+    """Shell text: check the file, take ONE snapshot of its size (``size``) and print the
+    ``#fleet`` header. With ``tail`` the line offset is counted in that snapshot, and the
+    commands after it read only that snapshot (``_SNAPSHOT``), so a log that grows
+    meanwhile cannot shift the line numbers."""
     check = (
-        f"f={qpath}; if [ ! -r \"$f\" ]; then echo \"fleet: cannot read $f\" >&2; "
-        f"exit {EXIT_NO_FILE}; fi; size=$(wc -c < \"$f\"); "
+        "export LC_ALL=C; "
+        f'f={qpath}; if [ ! -r "$f" ]; then echo "fleet: cannot read $f" >&2; '
+        f"exit {EXIT_NO_FILE}; fi; size=$(wc -c < \"$f\" | tr -d ' '); "
     )
     if tail is None:
         return check + 'offset=0; echo "#fleet size=$size offset=$offset"; '
     n = int(tail)
     return (
-        check + f'total=$(wc -l < "$f"); offset=$((total > {n} ? total - {n} : 0)); '
+        check + f"total=$({_SNAPSHOT} | wc -l); "
+        # a last line still being written (no newline yet) is a line for tail too
+        'if [ "$size" -gt 0 ] && [ -n "$(tail -c +"$size" -- "$f" | head -c 1)" ]; '
+        "then total=$((total + 1)); fi; "
+        f"offset=$((total > {n} ? total - {n} : 0)); "
         'echo "#fleet size=$size offset=$offset"; '
     )
 
 
+_SNAPSHOT = 'head -c "$size" -- "$f"'  # the file as it was when the header was printed
+
+# Keep the first H lines (at most HB bytes) and the last T lines (at most TB bytes) of the
+# candidate output; the middle is dropped and counted in a ``#fleet dropped=N`` line. The
+# tail is a ring indexed by line number, so memory on the host stays bounded too.
 _CAP = (
-    "awk -v H={h} -v T={t} '"
-    "NR<=H{{print; next}} {{b[NR%T]=$0; n=NR}} "
-    'END{{if(n){{s=n-T+1; if(s<=H) s=H+1; if(s>H+1) print "#fleet dropped=" (s-H-1); '
-    "for(i=s;i<=n;i++) print b[i%T]}}}}'"
+    "awk -v H={h} -v T={t} -v HB={hb} -v TB={tb} '"
+    "!c && NR<=H && hb+length($0)+1<=HB {{print; hb+=length($0)+1; next}} "
+    "!c {{c=1; s=NR; first=NR}} "
+    "{{b[NR]=$0; tb+=length($0)+1; "
+    "while (s<NR && (NR-s+1>T || tb>TB)) {{tb-=length(b[s])+1; delete b[s]; s++}}}} "
+    'END{{if(c){{if(s>first) print "#fleet dropped=" (s-first); '
+    "for(i=s;i<=NR;i++) print b[i]}}}}'"
 )
+
+
+def output_cap(head_bytes: int = HEAD_BYTES, tail_bytes: int = TAIL_BYTES) -> int:
+    """The hard byte cap (``head -c``) behind the awk caps (which count bytes in the C
+    locale; an awk counting characters would stop here)."""
+    return int(head_bytes) + int(tail_bytes) + 2**16
 
 
 def grep_command(
@@ -91,27 +122,43 @@ def grep_command(
     tail: int | None = None,
     window: int = WINDOW,
     catalogue: CompiledCatalogue | None = None,
+    head_bytes: int = HEAD_BYTES,
+    tail_bytes: int = TAIL_BYTES,
 ) -> str:
-    """The one remote command that returns the candidate lines of ``path`` (numbered)."""
+    """The one remote command that returns the candidate lines of ``path`` (numbered).
+
+    Its output is at most ``head_bytes + tail_bytes`` (plus a header), whatever the log."""
     qpath = shell_path(path)
     ere = shlex.quote(prefilter_regex(catalogue))
-    grep = f"LC_ALL=C grep -a -n -E -B{int(window)} -A{int(window)} -e {ere}"
-    source = f'tail -n {int(tail)} -- "$f" | {grep}' if tail is not None else f'{grep} -- "$f"'
-    cap = _CAP.format(h=HEAD_LINES, t=TAIL_LINES)
+    grep = f"grep -a -n -E -B{int(window)} -A{int(window)} -e {ere}"
+    source = f"{_SNAPSHOT} | tail -n {int(tail)} | {grep}" if tail is not None else (
+        f'{grep} -- "$f"'
+    )
+    cap = _CAP.format(h=HEAD_LINES, t=TAIL_LINES, hb=int(head_bytes), tb=int(tail_bytes))
+    hard = output_cap(head_bytes, tail_bytes)
     # cut: a pathological multi-GiB line must not cross the network whole
-    return _header(qpath, tail) + f"{source} | cut -c1-{MAX_LINE_BYTES} | {cap}"
+    script = (
+        _header(qpath, tail)
+        + f"{source} | cut -c1-{MAX_LINE_BYTES} | {cap} | head -c {hard}"
+    )
+    return sh_command(script)
 
 
 def tail_command(path: str, lines: int) -> str:
     """Plain ``tail`` with the same header (for showing a log without diagnosing)."""
     qpath = shell_path(path)
-    return _header(qpath, lines) + f'tail -n {int(lines)} -- "$f"'
+    return sh_command(_header(qpath, lines) + f"{_SNAPSHOT} | tail -n {int(lines)}")
 
 
 def follow_command(path: str, lines: int) -> str:
-    """``tail -F`` from the last ``lines`` lines, with the line offset in the header."""
+    """The last ``lines`` lines of the snapshot, then ``tail -F`` from the byte after it
+    (nothing is shown twice or skipped, and the header's offset numbers every line)."""
     qpath = shell_path(path)
-    return _header(qpath, lines) + f'exec tail -n {int(lines)} -F -- "$f" 2>/dev/null'
+    return sh_command(
+        _header(qpath, lines)
+        + f"{_SNAPSHOT} | tail -n {int(lines)}; "
+        + 'exec tail -c +$((size + 1)) -F -- "$f" 2>/dev/null'
+    )
 
 
 _GREP_LINE = re.compile(r"(\d+)[:-](.*)", re.DOTALL)
@@ -169,6 +216,7 @@ class RemoteDiagnosis:
     file_size: int = 0
     candidate_lines: int = 0
     dropped_lines: int = 0
+    truncated: bool = False
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -181,6 +229,10 @@ def _missing(conn: HostConnection, path: str, stderr: str) -> OperationFailed:
     return OperationFailed(f"{conn.host.name}: {msg}", hint="check the profile name or --path")
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n} bytes"
+
+
 def diagnose_remote(
     conn: HostConnection,
     path: str,
@@ -188,10 +240,15 @@ def diagnose_remote(
     tail: int | None = None,
     catalogue: CompiledCatalogue | None = None,
     timeout: float | None = 600.0,
+    head_bytes: int = HEAD_BYTES,
+    tail_bytes: int = TAIL_BYTES,
 ) -> RemoteDiagnosis:
     """Filter ``path`` on the host, fetch the candidate lines, diagnose them here."""
     cat = catalogue or load_catalogue()
-    res = conn.run(grep_command(path, tail=tail, catalogue=cat), timeout=timeout)
+    command = grep_command(
+        path, tail=tail, catalogue=cat, head_bytes=head_bytes, tail_bytes=tail_bytes
+    )
+    res = conn.run(command, timeout=timeout)
     if res.exit_code == EXIT_NO_FILE:
         raise _missing(conn, path, res.stderr)
     if not res.ok:
@@ -199,9 +256,14 @@ def diagnose_remote(
             f"{conn.host.name}: log filter exited {res.exit_code}: {res.stderr.strip()[-300:]}"
         )
     header = Header()
-    text = res.stdout.split("\n")
+    raw = res.stdout_bytes
+    first_nl = raw.find(b"\n") + 1
+    cut_hard = len(raw) - first_nl >= output_cap(head_bytes, tail_bytes)
+    text = raw.decode("utf-8", errors="replace").split("\n")
     if text and text[-1] == "":
         text.pop()
+    elif cut_hard and text:
+        text.pop()  # the hard cap cut this line short
     pairs = list(parse_grep(text, header))
     host = conn.host.name
     diagnoses = diagnose_numbered(pairs, host=host, catalogue=cat)
@@ -214,9 +276,15 @@ def diagnose_remote(
         file_size=header.size,
         candidate_lines=len(pairs),
         dropped_lines=header.dropped,
+        truncated=bool(header.dropped) or cut_hard,
     )
     if header.dropped:
-        out.notes.append(f"{header.dropped} candidate lines in the middle of the log were skipped")
+        out.notes.append(
+            f"{header.dropped} candidate lines in the middle of the log were skipped "
+            f"(at most {HEAD_LINES} lines or {_mib(head_bytes)} are fetched from each end)"
+        )
+    if cut_hard:
+        out.notes.append("the candidate lines were cut at the output cap; the end may be missing")
     return out
 
 
@@ -229,7 +297,7 @@ def port_holder(conn: HostConnection, port: str) -> tuple[str, str] | None:
         return None
     try:
         res = conn.run(
-            f"ss -H -ltnp 'sport = :{int(port)}' 2>/dev/null || true", timeout=20.0
+            sh_command(f"ss -H -ltnp 'sport = :{int(port)}' 2>/dev/null || true"), timeout=20.0
         )
     except OperationFailed:
         return None
@@ -261,31 +329,51 @@ def follow(
     timeout: float | None = None,
 ) -> Iterator[tuple[int, str, list[Diagnosis]]]:
     """Stream ``tail -F``; yield (line number, text, diagnoses that became new with it)."""
-    cat = catalogue or load_catalogue()
-    engine = Engine(cat, host=conn.host.name)
-    header = Header()
-    known: set[tuple[str, int]] = set()
-    seen = 0
+    got_output = False
+
+    def lines_of(stream: Iterable[str]) -> Iterator[str]:
+        nonlocal got_output
+        for raw in stream:
+            got_output = True
+            yield raw
+
     stream = conn.stream(follow_command(path, lines), timeout=timeout)
+    yield from follow_lines(lines_of(stream), host=conn.host.name, catalogue=catalogue)
+    if not got_output:
+        raise OperationFailed(
+            f"{conn.host.name}: cannot read {path}", hint="check the profile name or --path"
+        )
+
+
+def follow_lines(
+    stream: Iterable[str], *, host: str | None = None, catalogue: CompiledCatalogue | None = None
+) -> Iterator[tuple[int, str, list[Diagnosis]]]:
+    """The pure part of :func:`follow`: ``#fleet`` header, then numbered lines.
+
+    The ranked results are recomputed only when the engine found something new (a rule's
+    first match, a new exception): a long run of matching lines costs one computation per
+    new finding, not one per line."""
+    engine = Engine(catalogue or load_catalogue(), host=host)
+    header = Header()
+    known: set[tuple[str, str]] = set()
+    seen = engine.findings
     started = False
     for raw in stream:
         if not started:
-            started = parse_header(raw, header)
-            if started:
-                continue
             started = True
+            if parse_header(raw, header):
+                continue
         n = header.offset + engine.lines_seen + 1
         engine.feed(n, raw)
         fresh: list[Diagnosis] = []
-        if engine.candidates != seen:
-            seen = engine.candidates
+        if engine.findings != seen:
+            seen = engine.findings
             for d in engine.results():
-                key = (d.id, d.evidence[0].line if d.evidence else 0)
+                if d.id == "unrecognized-error":
+                    key = (d.id, d.evidence[0].text if d.evidence else "")
+                else:
+                    key = (d.id, "")
                 if key not in known:
                     known.add(key)
                     fresh.append(d)
         yield n, raw, fresh
-    if not started:
-        raise OperationFailed(
-            f"{conn.host.name}: cannot read {path}", hint="check the profile name or --path"
-        )

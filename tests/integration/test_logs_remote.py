@@ -78,9 +78,14 @@ def test_large_log_is_diagnosed_moving_a_small_fraction(box: Sandbox) -> None:
 
     res = fleet(box, "--json", "logs", "--host", host.name, "big", "--diagnose")
     assert res.returncode == 1, res.stderr
-    doc = json.loads(res.stdout)["hosts"][host.name]
+    full = json.loads(res.stdout)
+    doc = full["hosts"][host.name]
     ids = [d["id"] for d in doc["diagnoses"]]
     assert ids[:3] == ["cuda-oom", "worker-died", "engine-dead"]
+    # the DESIGN contract: one ranked top-level list, each entry naming its host
+    assert [d["id"] for d in full["diagnoses"]][:1] == ["cuda-oom"]
+    assert {d["host"] for d in full["diagnoses"]} == {host.name}
+    assert len(full["diagnoses"]) == len(ids) and doc["truncated"] is False
     assert doc["file_size"] == size
     assert 0 < doc["bytes_received"] < 0.01 * size
     # evidence cites the real line numbers of the file on the host
@@ -189,3 +194,86 @@ def test_follow_diagnoses_lines_as_they_arrive(box: Sandbox) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _read_json_lines(proc: subprocess.Popen[str], count: int, seconds: float = 60) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    data = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and data.count(b"\n") < count:
+        if select.select([fd], [], [], 1.0)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    for line in data.decode().splitlines()[:count]:
+        out.append(json.loads(line))
+    return out
+
+
+SECRET = "sk-remotesecret0123456789abcdef"
+
+
+def test_follow_json_without_diagnose_prints_each_line(box: Sandbox) -> None:
+    name = box.hosts[0].name
+    write_log(box, "live2", "first line\nsecond line with api_key=" + SECRET + "\n")
+    env = dict(os.environ, COLUMNS="200", FLEET_CONNECT_ATTEMPTS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet", "--inventory", str(box.inventory_path), "--json",
+         "logs", "--host", name, "live2", "--follow", "--tail", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )
+    try:
+        got = _read_json_lines(proc, 2)  # type: ignore[arg-type]
+        on_host(box, 'cat >> "$HOME/.fleet/run/live2/vllm.log"', stdin="third line\n")
+        got += _read_json_lines(proc, 1)  # type: ignore[arg-type]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert got == [
+        {"host": name, "line": 1, "text": "first line"},
+        {"host": name, "line": 2, "text": "second line with api_key=***"},
+        {"host": name, "line": 3, "text": "third line"},
+    ]
+
+
+def test_pathological_log_is_capped_and_secrets_masked(box: Sandbox) -> None:
+    """Every line matches the prefilter: at most the byte cap crosses the network, the end
+    of the log is still diagnosed, and the API key in vLLM's args line is never shown."""
+    from fleet.diagnosis.remote import output_cap
+
+    host = box.hosts[0]
+    python = shlex.quote(host.python)
+    args = ("(APIServer pid=1) INFO 11-02 10:14:05 [utils.py:238] non-default args: "
+            f"{{'model': '/m', 'api_key': ['{SECRET}'], 'port': 8001}}")
+    kv = ("(EngineCore_DP0 pid=7) ERROR 11-02 10:15:01 [core.py:708] ValueError: No available memory "
+          "for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.")
+    gen = (
+        "import sys\n"
+        "oom = '(EngineCore_DP0 pid=7) ERROR 11-02 10:15:01 [core.py:708] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. #'\n"
+        "with open(sys.argv[1], 'w') as fh:\n"
+        f"    fh.write({args!r} + '\\n')\n"
+        "    for n in range(120000):\n"
+        "        fh.write(oom + str(n) + '\\n')\n"
+        f"    fh.write({args!r} + '\\n' + {kv!r} + '\\n')\n"
+    )
+    on_host(box, f'mkdir -p "$HOME/.fleet/run/all" && {python} - "$HOME/.fleet/run/all/vllm.log"', stdin=gen)
+    size = int(on_host(box, 'wc -c < "$HOME/.fleet/run/all/vllm.log"').strip())
+    assert size > 3 * output_cap()
+    res = fleet(box, "--json", "logs", "--host", host.name, "all", "--diagnose")
+    assert res.returncode == 1, res.stderr
+    doc = json.loads(res.stdout)["hosts"][host.name]
+    assert doc["bytes_received"] <= output_cap() + 4096
+    assert doc["truncated"] is True and doc["notes"]
+    ids = [d["id"] for d in doc["diagnoses"]]
+    assert "kv-cache-no-memory" in ids and "cuda-oom" in ids
+    kv_diag = doc["diagnoses"][ids.index("kv-cache-no-memory")]
+    assert kv_diag["evidence"][0]["line"] == 120003
+    assert any("'api_key': ['***']" in e["text"] for e in kv_diag["context"])
+    assert SECRET not in res.stdout
+    human = fleet(box, "-v", "logs", "--host", host.name, "all", "--diagnose")
+    assert human.returncode == 1 and "kv-cache-no-memory" in human.stdout
+    assert SECRET not in human.stdout
+    on_host(box, 'rm -f "$HOME/.fleet/run/all/vllm.log"')
