@@ -91,12 +91,6 @@ def servers_cell(facts: HostFacts) -> str:
     return ", ".join(f"pid {s.pid}" + (f" :{s.port}" if s.port else "") for s in facts.servers)
 
 
-def disk_cell(facts: HostFacts) -> str:
-    """Free space where vLLM lives (else in the home directory)."""
-    disk = facts.disk.get("vllm") or facts.disk.get("home")
-    return _gib(disk.free_bytes) if disk else "-"
-
-
 def vllm_cell(facts: HostFacts) -> str:
     from rich.markup import escape
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fleet.errors import EXIT_USAGE, FleetError
+from fleet.errors import FleetError
 
 
 def run_cli(command: click.Command, argv: list[str] | None) -> int:
@@ -27,8 +27,3 @@ def run_cli(command: click.Command, argv: list[str] | None) -> int:
     if isinstance(rv, int):
         return rv
     return 0
-
-
-def usage_exit(message: str) -> int:
-    click.echo(f"fleet: error: {message}", err=True)
-    return EXIT_USAGE

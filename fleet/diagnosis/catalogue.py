@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -193,11 +192,6 @@ def parse_catalogue(data: Any) -> CompiledCatalogue:
     except ValidationError as exc:
         raise CatalogueError(f"invalid catalogue: {exc}") from None
     return compile_catalogue(cat)
-
-
-def load_catalogue_file(path: str | Path) -> CompiledCatalogue:
-    with open(path, encoding="utf-8") as fh:
-        return parse_catalogue(yaml.safe_load(fh))
 
 
 @lru_cache(maxsize=1)

@@ -229,10 +229,6 @@ class Engine:
         else:
             self._logical(lineno, raw)
 
-    def feed_lines(self, lines: Iterable[str], start: int = 1) -> None:
-        for i, raw in enumerate(lines, start):
-            self.feed(i, raw)
-
     def flush(self) -> None:
         if self._pending is not None:
             first, _last, parts = self._pending
