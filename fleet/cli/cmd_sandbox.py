@@ -111,14 +111,7 @@ def up(
     if app.json_output:
         emit_json(_json(box, statuses))
     else:
-        _status_table(
-            f"sandbox {box.dir}",
-            [
-                (s.name, s.vllm, f"{s.address}:{s.port}", "up" if s.running else "DOWN", s.python)
-                for s in statuses
-            ],
-        )
-        console().print(f"\ninventory: {box.inventory_path}")
+        _print_statuses(box, statuses, f"sandbox {box.dir}")
         console().print(f"try:       fleet --inventory {box.inventory_path} inspect --host all")
         console().print(f"stop:      fleet sandbox down --dir {box.dir}")
     return EXIT_OK if all(s.running for s in statuses) else EXIT_FAILED
@@ -166,15 +159,21 @@ def status(app: AppContext, directory: str) -> int:
     if app.json_output:
         emit_json(_json(box, statuses))
     else:
-        _status_table(
-            f"sandbox {box.dir} ({box.state.backend})",
-            [
-                (s.name, s.vllm, f"{s.address}:{s.port}", "up" if s.running else "DOWN", s.python)
-                for s in statuses
-            ],
-        )
-        console().print(f"\ninventory: {box.inventory_path}")
+        _print_statuses(box, statuses, f"sandbox {box.dir} ({box.state.backend})")
     return EXIT_OK if statuses and all(s.running for s in statuses) else EXIT_FAILED
+
+
+def _print_statuses(box: Sandbox, statuses: list[HostStatus], title: str) -> None:
+    from fleet.cli.render import console
+
+    _status_table(
+        title,
+        [
+            (s.name, s.vllm, f"{s.address}:{s.port}", "up" if s.running else "DOWN", s.python)
+            for s in statuses
+        ],
+    )
+    console().print(f"\ninventory: {box.inventory_path}")
 
 
 def _json(box: Sandbox, statuses: list[HostStatus]) -> dict[str, Any]:
