@@ -50,6 +50,13 @@ def test_argv_option_values_are_hidden() -> None:
         ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.abc", "eyJhbGciOiJIUzI1NiJ9.abc"),
         ("using token hf_abcdefghijklmnopqrstuvwx for download", "hf_abcdefghijklmnopqrstuvwx"),
         ("VLLM_API_KEY: plainvalue", "plainvalue"),
+        ("Args: --api-key=mysecretvalue", "mysecretvalue"),
+        ("env: HF_TOKEN=abcd1234", "abcd1234"),
+        ("INFO: VLLM_API_KEY=abc123", "abc123"),
+        ("x=HF_TOKEN=abc123", "abc123"),
+        ('serve --api-key "my secret words" --port 1', "secret words"),
+        ("Authorization: Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
+        ("pulling https://alice:s3cr3tpw@registry.example/model", "s3cr3tpw"),
     ],
 )
 def test_text_secrets_are_hidden(line: str, secret: str) -> None:
@@ -66,6 +73,7 @@ def test_text_secrets_are_hidden(line: str, secret: str) -> None:
         "max_num_batched_tokens=8192, max_seq_len=262144, tensor_parallel_size=8",
         "Loading safetensors checkpoint shards: 45% Completed | 29/64 [01:02<01:15]",
         "tokenizer='/models/Kimi-K2.5', skip_tokenizer_init=False",
+        "bos_token_id=1, eos_token_id=2, pad_token_id=None, image_token_ids: [5, 6]",
     ],
 )
 def test_ordinary_lines_are_untouched(line: str) -> None:
