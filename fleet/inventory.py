@@ -188,8 +188,22 @@ def parse_inventory(data: Any, label: str = "inventory") -> Inventory:
             groups=tuple(g for g, members in builder.groups.items() if name in members),
             **{k: v for k, v in merged.items() if v is not None},
         )
+    _check_jump_loops(hosts, label)
     groups = {g: [h for h in hosts if h in members] for g, members in builder.groups.items()}
     return Inventory(path=label, hosts=hosts, groups=groups)
+
+
+def _check_jump_loops(hosts: dict[str, HostSpec], label: str) -> None:
+    """A bastion chain through inventory hosts must end (a -> b -> a is refused)."""
+    for start in hosts:
+        chain = [start]
+        jump = hosts[start].jump
+        while jump is not None and jump in hosts:
+            if jump in chain:
+                loop = " -> ".join([*chain[chain.index(jump) :], jump])
+                raise UsageError(f"{label}: {start}.jump: bastion loop {loop}")
+            chain.append(jump)
+            jump = hosts[jump].jump
 
 
 class _Builder:
@@ -227,7 +241,8 @@ class _Builder:
                 )
         own_vars = self.vars(body.get("vars"), f"{where}.vars")
         self.group_vars.setdefault(name, {}).update(own_vars)
-        self.group_depth[name] = min(depth, self.group_depth.get(name, depth))
+        # As in Ansible, a group listed at several depths counts at its deepest.
+        self.group_depth[name] = max(depth, self.group_depth.get(name, depth))
         members: set[str] = set()
         hosts = body.get("hosts") or {}
         if not isinstance(hosts, dict):

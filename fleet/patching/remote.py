@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shlex
 import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.errors import OperationFailed
 from fleet.facts.gather import EXIT_COMMAND_NOT_FOUND, EXIT_NOT_EXECUTABLE, python_word
+from fleet.source import sh_command
 
 if TYPE_CHECKING:
     from fleet.transport import HostConnection
@@ -79,7 +79,7 @@ def decode_answer(host: str, stdout: str, exit_code: int, stderr: str) -> dict[s
 def patch_command(python: str) -> str:
     """``PY -`` run by ``sh`` whatever the login shell is, ``PY`` as ``fleet inspect`` and
     ``fleet source`` write it (quoted; a leading ``~/`` expanded on the host)."""
-    return "sh -c " + shlex.quote(f"exec {python_word(python)} -")
+    return sh_command(f"exec {python_word(python)} -")
 
 
 def run_op(conn: HostConnection, request: dict[str, Any], *, timeout: float) -> dict[str, Any]:

@@ -71,13 +71,22 @@ class Session:
             from fleet.errors import UsageError
 
             raise UsageError(f"{host.name}: jump chain longer than {MAX_JUMPS} hops (a loop?)")
-        return self.connect(jump, _depth=_depth + 1)
+        gateway = self.connect(jump, _depth=_depth + 1)
+        if not gateway.transport_alive():
+            from fleet.errors import ConnectError
+
+            raise ConnectError(host.name, f"connection to the bastion {host.jump} was lost")
+        return gateway
 
     @staticmethod
     def _key(host: HostSpec) -> str:
         # Inventory hosts by name; an address-form bastion by where it connects.
         if host.name.startswith(JUMP_PREFIX):
-            return f"{host.user}@{host.target}:{host.port or 22}"
+            # the same bastion with other credentials or pinned keys is another connection
+            return (
+                f"{host.user}@{host.target}:{host.port or 22} "
+                f"key={host.ssh_key} known_hosts={host.known_hosts}"
+            )
         return host.name
 
     def jump_spec(self, host: HostSpec) -> HostSpec | None:

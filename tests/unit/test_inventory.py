@@ -218,3 +218,23 @@ def test_jump_forms_accepted(jump: str) -> None:
 def test_bad_jump_is_a_usage_error(jump: str) -> None:
     with pytest.raises(UsageError, match=r"all\.hosts\.a\.jump: Value error, must be an inventory"):
         parse_inventory({"all": {"hosts": {"a": {"jump": jump}}}}, "inv.yaml")
+
+
+def test_group_listed_at_two_depths_counts_at_its_deepest() -> None:
+    data = {
+        "all": {
+            "children": {
+                "zz": {"vars": {"python": "/zz"}, "hosts": {"h": None}},
+                "aa": {"vars": {"python": "/aa"}, "hosts": {"h": None}},
+                "rack": {"children": {"aa": {}}},
+            }
+        }
+    }
+    # 'aa' sits at depth 2 under 'rack', so it beats 'zz' (depth 1), as in Ansible
+    assert parse_inventory(data).hosts["h"].python == "/aa"
+
+
+def test_bastion_loop_is_refused() -> None:
+    data = {"all": {"hosts": {"a": {"jump": "b"}, "b": {"jump": "c"}, "c": {"jump": "a"}}}}
+    with pytest.raises(UsageError, match=r"inv\.yaml: a\.jump: bastion loop a -> b -> c -> a"):
+        parse_inventory(data, "inv.yaml")

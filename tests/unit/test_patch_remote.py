@@ -503,8 +503,9 @@ def test_write_temp_removes_its_file_when_it_fails(
 
 def test_patch_command_expands_a_home_relative_python_on_the_host() -> None:
     assert remote.patch_command("~/env/bin/python") == ("sh -c 'exec \"$HOME\"/env/bin/python -'")
+    # the same quoting as fleet inspect/source (fleet.source.sh_command: csh/fish-safe)
     assert remote.patch_command("/opt/my env/bin/python3") == (
-        "sh -c 'exec '\"'\"'/opt/my env/bin/python3'\"'\"' -'"
+        "sh -c 'exec '\\''/opt/my env/bin/python3'\\'' -'"
     )
 
 
