@@ -50,6 +50,15 @@ def _refusals(outcomes: list[HostOutcome[Any]]) -> list[str]:
     return [o.value.message for o in outcomes if isinstance(o.value, Refused)]
 
 
+def _host_json(o: HostOutcome[Any], ok_body: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """One host's ``--json`` entry: refused (path left the tree), ok, or failed."""
+    if isinstance(o.value, Refused):
+        return {"ok": False, "status": "refused", "error": o.value.message}
+    if o.ok and o.value is not None:
+        return {"ok": True, **ok_body(o.value)}
+    return o.failure_json()
+
+
 def _finish(outcomes: list[HostOutcome[Any]]) -> int:
     from fleet.transport import exit_code
 
@@ -89,23 +98,20 @@ def show(app: AppContext, hosts: tuple[str, ...], file_spec: str) -> int:
     if app.json_output:
         from fleet.cli.render import emit_json
 
-        out: dict[str, Any] = {}
-        for o in outcomes:
-            value = o.value
-            if isinstance(value, Refused):
-                out[o.host] = {"ok": False, "status": "refused", "error": value.message}
-            elif o.ok and value is not None:
-                out[o.host] = {
-                    "ok": True,
-                    "vllm_path": value.vllm_dir,
-                    "path": value.path,
-                    "start": value.start,
-                    "end": value.lines[-1][0] if value.lines else None,
-                    "total_lines": value.total_lines,
-                    "lines": [{"line": n, "text": t} for n, t in value.lines],
-                }
-            else:
-                out[o.host] = o.failure_json()
+        out = {
+            o.host: _host_json(
+                o,
+                lambda v: {
+                    "vllm_path": v.vllm_dir,
+                    "path": v.path,
+                    "start": v.start,
+                    "end": v.lines[-1][0] if v.lines else None,
+                    "total_lines": v.total_lines,
+                    "lines": [{"line": n, "text": t} for n, t in v.lines],
+                },
+            )
+            for o in outcomes
+        }
         emit_json({"hosts": out})
     else:
         _print_shown(outcomes, spec.label)
@@ -197,23 +203,21 @@ def grep(
         matches: list[dict[str, Any]] = []
         per_host: dict[str, Any] = {}
         for o in outcomes:
+            per_host[o.host] = _host_json(
+                o,
+                lambda v: {
+                    "vllm_path": v.vllm_dir,
+                    "matches": len(v.matches),
+                    "truncated": v.truncated,
+                    "warnings": v.warnings,
+                },
+            )
             value = o.value
-            if isinstance(value, Refused):
-                per_host[o.host] = {"ok": False, "status": "refused", "error": value.message}
-            elif o.ok and value is not None:
-                per_host[o.host] = {
-                    "ok": True,
-                    "vllm_path": value.vllm_dir,
-                    "matches": len(value.matches),
-                    "truncated": value.truncated,
-                    "warnings": value.warnings,
-                }
+            if per_host[o.host]["ok"] and value is not None and not isinstance(value, Refused):
                 matches += [
                     {"host": o.host, "path": m.path, "line": m.line, "text": m.text}
                     for m in sorted(value.matches, key=lambda m: (m.path, m.line))
                 ]
-            else:
-                per_host[o.host] = o.failure_json()
         emit_json({"matches": matches, "hosts": per_host})
     else:
         for o in outcomes:

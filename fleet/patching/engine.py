@@ -157,6 +157,18 @@ class HostPlan:
     def to_write(self) -> list[FilePlan]:
         return [f for f in self.files if f.status == "would-apply" and f.changes]
 
+    def write_items(self) -> list[dict[str, str]]:
+        """What the remote write script needs per file: new text and both sha256s."""
+        return [
+            {
+                "path": f.path,
+                "sha256_before": f.sha256_before or "",
+                "text_after": f.new_text or "",
+                "sha256_after": f.sha256_after or "",
+            }
+            for f in self.to_write
+        ]
+
 
 class _Render:
     """The Jinja2 environment shared by every template of a patch set."""

@@ -176,15 +176,7 @@ def apply_host(
     if check or not plan.to_write:
         return report
 
-    items = [
-        {
-            "path": f.path,
-            "sha256_before": f.sha256_before or "",
-            "text_after": f.new_text or "",
-            "sha256_after": f.sha256_after or "",
-        }
-        for f in plan.to_write
-    ]
+    items = plan.write_items()
     result = remote.apply(conn, fetched, patch_set.name, items, backup_root=backup_root)
     if result.get("write_error"):
         raise write_failed(conn.host.name, result)

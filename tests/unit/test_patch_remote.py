@@ -195,15 +195,7 @@ def test_file_changed_between_read_and_write_is_a_conflict(
     conn, pkg = host
     fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
     plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
-    items = [
-        {
-            "path": f.path,
-            "sha256_before": f.sha256_before or "",
-            "text_after": f.new_text or "",
-            "sha256_after": f.sha256_after or "",
-        }
-        for f in plan.to_write
-    ]
+    items = plan.write_items()
     touched = pkg / "config" / "speculative.py"
     touched.write_text(touched.read_text() + "\n# edited by hand meanwhile\n")
     before = shas(pkg, patch_set)
@@ -386,15 +378,7 @@ def test_the_answer_of_a_failed_write_says_what_was_restored(
     conn, _pkg = host
     fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
     plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
-    items = [
-        {
-            "path": f.path,
-            "sha256_before": f.sha256_before or "",
-            "text_after": f.new_text or "",
-            "sha256_after": f.sha256_after or "",
-        }
-        for f in plan.to_write
-    ]
+    items = plan.write_items()
     monkeypatch.setenv(remote.FAULT_ENV, "after-first-rename:raise")
     result = remote.apply(conn, fetched, patch_set.name, items)
     assert result["ok"] is False and result["written"] == []
