@@ -12,7 +12,8 @@ import sys
 
 import click
 
-from fleet.cli.context import AppContext
+from fleet import __version__
+from fleet.cli.context import AppContext, setup_logging
 
 # name -> (module:attribute, one-line help shown by ``fleet --help`` without importing)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -87,7 +88,12 @@ EPILOG = (
     help="Inventory file [default: $FLEET_INVENTORY or ./inventory.yaml].",
 )
 @click.option("--json", "json_output", is_flag=True, help="Machine output on stdout, nothing else.")
-@click.option("-v", "--verbose", count=True, help="More detail (repeat for more).")
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="More detail; -vv also logs every remote command (secrets masked) on stderr.",
+)
 @click.option(
     "--forks",
     type=click.IntRange(1, 1024),
@@ -95,7 +101,7 @@ EPILOG = (
     show_default=True,
     help="Hosts worked on in parallel.",
 )
-@click.version_option(package_name="fleet")
+@click.version_option(version=__version__, prog_name="fleet")
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -105,6 +111,7 @@ def cli(
     forks: int,
 ) -> None:
     """Inspect, patch, serve and diagnose vLLM on fleets of multi-GPU hosts over SSH."""
+    setup_logging(verbose)
     ctx.obj = AppContext(
         inventory_path=inventory_path or os.environ.get("FLEET_INVENTORY") or "inventory.yaml",
         json_output=json_output,

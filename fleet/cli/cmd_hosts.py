@@ -9,8 +9,9 @@ from typing import Any
 import click
 
 from fleet.cli.context import AppContext, host_option, pass_app
-from fleet.cli.render import console, emit_json, hosts_json, print_outcomes
-from fleet.errors import EXIT_OK, EXIT_UNREACHABLE
+from fleet.cli.render import emit_json, escape, failure_lines, host_table, styled_status
+from fleet.errors import EXIT_OK
+from fleet.transport.outcome import hosts_json
 
 
 @click.command()
@@ -29,7 +30,6 @@ def hosts(app: AppContext, hosts: tuple[str, ...]) -> int:
             }
         )
         return EXIT_OK
-    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=escape(f"{inventory.path}: {len(selected)} hosts"), title_justify="left")
@@ -40,7 +40,7 @@ def hosts(app: AppContext, hosts: tuple[str, ...]) -> int:
         groups = ", ".join(g for g in h.groups if g != "all")
         cells = (h.name, addr, h.user or "-", groups or "-", h.python, h.jump or "-")
         table.add_row(*(escape(c) for c in cells))
-    console().print(table)
+    app.console.print(table)
     return EXIT_OK
 
 
@@ -49,6 +49,14 @@ class PingResult:
     connect_ms: float
     latency_ms: float
     host_key: str = "pinned"
+
+
+# ``host_key`` of a host that could not be reached, by its error code
+KEY_STATUS_OF_CODE = {
+    "host-key-unknown": "unknown",
+    "host-key-changed": "changed",
+    "host-key-revoked": "revoked",
+}
 
 
 @click.command()
@@ -63,7 +71,7 @@ def ping(app: AppContext, hosts: tuple[str, ...]) -> int:
 
     def one(conn: Any) -> PingResult:
         started = time.monotonic()
-        conn.run("true", timeout=30).check("true")
+        conn.run(["true"], timeout=30).check("true")
         rtt = (time.monotonic() - started) * 1000
         return PingResult(connect_ms=session.connect_ms.get(conn.host.name, 0.0), latency_ms=rtt)
 
@@ -79,10 +87,11 @@ def ping(app: AppContext, hosts: tuple[str, ...]) -> int:
         )
         for o in outcomes:
             if not o.ok:
-                doc["hosts"][o.host]["host_key"] = _key_status(o.error)
+                doc["hosts"][o.host]["host_key"] = KEY_STATUS_OF_CODE.get(o.code or "", "-")
         emit_json(doc)
     else:
-        print_outcomes(
+        host_table(
+            app.console,
             outcomes,
             ["connect", "latency", "host key"],
             lambda v: [f"{v.connect_ms:.0f} ms", f"{v.latency_ms:.1f} ms", v.host_key],
@@ -90,14 +99,7 @@ def ping(app: AppContext, hosts: tuple[str, ...]) -> int:
     return exit_code(outcomes)
 
 
-def _key_status(error: str | None) -> str:
-    if not error:
-        return "pinned"
-    if "not pinned" in error:
-        return "unknown"
-    if "CHANGED" in error:
-        return "changed"
-    return "-"
+TRUST_STYLE = {"pinned": "green", "added": "green", "unknown": "yellow", "changed": "bold red"}
 
 
 @click.command()
@@ -114,75 +116,42 @@ def trust(app: AppContext, hosts: tuple[str, ...], accept_new: bool) -> int:
     Without --accept-new nothing is written: unknown keys are listed with their
     fingerprints so they can be checked first.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from fleet.errors import ConnectError
-    from fleet.transport.connection import scan_host_key
-    from fleet.transport.hostkeys import check_key, pin_key
+    from fleet.transport import exit_code, map_hosts
+    from fleet.transport.trust import TrustReport, trust_host
 
     selected = app.select(hosts)
     session = app.session()
-
-    def one(spec: Any) -> dict[str, Any]:
-        try:
-            name, key = scan_host_key(spec, session.options, session.gateway_for(spec))
-        except ConnectError as exc:
-            error = exc.message.removeprefix(f"{spec.name}: ")
-            return {"host": spec.name, "status": "unreachable", "error": error}
-        path = spec.known_hosts_path()
-        check = check_key(path, name, key)
-        status = check.status
-        if status == "unknown" and accept_new:
-            pin_key(path, name, key)
-            status = "added"
-        return {
-            "host": spec.name,
-            "status": status,
-            "name": name,
-            "key_type": check.key_type,
-            "fingerprint": check.fingerprint,
-            "pinned_fingerprint": check.pinned_fingerprint,
-            "known_hosts": str(path),
-        }
-
-    with ThreadPoolExecutor(max_workers=min(app.forks, len(selected))) as pool:
-        rows = list(pool.map(one, selected))
-
+    outcomes = map_hosts(
+        selected,
+        lambda spec: trust_host(session, spec, accept_new=accept_new),
+        forks=app.forks,
+        on_interrupt=session.close,
+    )
     if app.json_output:
-        emit_json({"hosts": {r["host"]: {k: v for k, v in r.items() if k != "host"} for r in rows}})
-    else:
-        from rich.markup import escape
-        from rich.table import Table
+        emit_json(hosts_json(outcomes, TrustReport.to_json))
+        return exit_code(outcomes)
+    from rich.table import Table
 
-        table = Table(title="host keys", title_justify="left")
-        for col in ("host", "status", "key", "fingerprint", "known_hosts"):
-            table.add_column(col, overflow="fold")
-        style = {"pinned": "green", "added": "green", "unknown": "yellow", "changed": "bold red"}
-        for r in rows:
-            st = r["status"]
-            table.add_row(
-                escape(r["host"]),
-                f"[{style.get(st, 'red')}]{st}[/]",
-                r.get("key_type", "-"),
-                escape(r.get("fingerprint") or r.get("error", "")),
-                escape(r.get("known_hosts", "-")),
-            )
-        console().print(table)
-        if any(r["status"] == "unknown" for r in rows):
-            console().print(
-                "Unknown keys were not pinned. Check the fingerprints, then re-run with "
-                "--accept-new."
-            )
-        for r in rows:
-            if r["status"] == "changed":
-                console().print(
-                    f"[bold red]{escape(r['host'])}: host key CHANGED[/] (pinned "
-                    f"{r['pinned_fingerprint']}, offered {r['fingerprint']}). Not replaced: if "
-                    f"the host was reinstalled, delete its line for {escape(r['name'])} from "
-                    f"{escape(r['known_hosts'])} and run trust again.",
-                    soft_wrap=True,
-                )
-    bad = [r for r in rows if r["status"] in ("unknown", "changed", "unreachable")]
-    if bad:
-        return EXIT_UNREACHABLE
-    return EXIT_OK
+    out = app.console
+    table = Table(title="host keys", title_justify="left")
+    for col in ("host", "status", "key", "fingerprint", "known_hosts"):
+        table.add_column(col, overflow="fold")
+    for o in outcomes:
+        r = o.value
+        if r is None:
+            table.add_row(escape(o.host), styled_status(o.status), "-", escape(o.error), "-")
+            continue
+        table.add_row(
+            escape(o.host),
+            f"[{TRUST_STYLE.get(r.status, 'red')}]{r.status}[/]",
+            escape(r.key_type),
+            escape(r.fingerprint),
+            escape(r.known_hosts),
+        )
+    out.print(table)
+    if any(o.value is not None and o.value.status == "unknown" for o in outcomes):
+        out.print(
+            "Unknown keys were not pinned. Check the fingerprints, then re-run with --accept-new."
+        )
+    failure_lines(out, [o for o in outcomes if o.value is None or o.value.status == "changed"])
+    return exit_code(outcomes)

@@ -9,6 +9,8 @@ import click
 from fleet.cli.context import AppContext, host_option, pass_app
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from fleet.facts import HostFacts
     from fleet.transport import HostOutcome
 
@@ -43,13 +45,13 @@ def inspect(app: AppContext, hosts: tuple[str, ...], details: bool | None) -> in
         emit_json(inspect_json(outcomes))
     else:
         show_details = details if details is not None else (len(selected) == 1 or app.verbose > 0)
-        render_outcomes(outcomes, show_details)
+        render_outcomes(app.console, outcomes, show_details)
     return exit_code(outcomes)
 
 
 def inspect_json(outcomes: list[HostOutcome[HostFacts]]) -> dict[str, Any]:
     """``{"hosts": {name: {"ok": true, ...facts} | {"ok": false, "error": ...}}}``."""
-    from fleet.cli.render import hosts_json
+    from fleet.transport import hosts_json
 
     return hosts_json(outcomes, lambda facts: facts.model_dump(mode="json"))
 
@@ -111,17 +113,14 @@ def gpu_cell(facts: HostFacts) -> str:
     return escape(gpu_summary(facts.gpus))
 
 
-STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "bold red"}
-
-
-def render_outcomes(outcomes: list[HostOutcome[HostFacts]], details: bool) -> None:
+def render_outcomes(out: Console, outcomes: list[HostOutcome[HostFacts]], details: bool) -> None:
     """A table (one row per host; the key facts never truncated), a legend, one line per
     failed host with its error and next step, then with ``details`` a panel per host."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
 
-    from fleet.cli.render import console
+    from fleet.cli.render import STATUS_STYLE, failure_lines
 
     table = Table(title="fleet inspect", title_justify="left", box=box.SIMPLE_HEAD)
     table.add_column("host", no_wrap=True)
@@ -149,33 +148,23 @@ def render_outcomes(outcomes: list[HostOutcome[HostFacts]], details: bool) -> No
             table.add_row(name, f"[{STATUS_STYLE[o.status]}]{o.status}[/]", *(["-"] * 5))
     ok = sum(o.ok for o in outcomes)
     table.caption = f"{ok}/{len(outcomes)} ok"
-    out = console()
     out.print(table)
     if ok:
         out.print(
             "[dim]EAGLE-3: " + " ".join(SHORT_CLASS) + "; allowlist: whether the "
             "config-time EAGLE-3 check admits DeepSeek/Kimi. Details: --details or -v.[/]"
         )
-    for o in outcomes:
-        if not o.ok:
-            out.print(
-                f"[{STATUS_STYLE[o.status]}]{escape(o.host)}[/]: {escape(o.error or '')}",
-                soft_wrap=True,
-            )
-            if o.hint:
-                out.print(f"  [dim]next:[/] {escape(o.hint)}", soft_wrap=True)
+    failure_lines(out, outcomes)
     if details:
         for o in outcomes:
             if o.ok and o.value is not None:
-                render_host(o.host, o.value)
+                render_host(out, o.host, o.value)
 
 
-def render_host(name: str, facts: HostFacts) -> None:
+def render_host(out: Console, name: str, facts: HostFacts) -> None:
     from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
-
-    from fleet.cli.render import console
 
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
@@ -235,4 +224,4 @@ def render_host(name: str, facts: HostFacts) -> None:
     for part, error in facts.errors.items():
         if part != "gpus":
             grid.add_row("[red]error[/]", escape(f"{part}: {error}"))
-    console().print(Panel(grid, title=escape(name), title_align="left", expand=False))
+    out.print(Panel(grid, title=escape(name), title_align="left", expand=False))

@@ -24,13 +24,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleet.cli.context import AppContext, host_option, pass_app
-from fleet.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
+from fleet.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from fleet.redact import redact_text
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from fleet.diagnosis.models import Diagnosis
     from fleet.diagnosis.remote import RemoteDiagnosis
-    from fleet.transport import HostConnection, HostOutcome
+    from fleet.transport import HostOutcome, Runner
 
 DEFAULT_SHOW = 100
 DEFAULT_FOLLOW = 10
@@ -62,6 +64,9 @@ SEVERITY_STYLE = {"fatal": "bold red", "error": "red", "warning": "yellow"}
     help=f"Only the last N lines [default: {DEFAULT_SHOW} when showing, all when diagnosing].",
 )
 @click.option("--diagnose", is_flag=True, help="Name the root cause, evidence and fix.")
+@click.option(
+    "--raw", is_flag=True, help="Print control characters as they are (default: shown as \\xNN)."
+)
 @pass_app
 def logs(
     app: AppContext,
@@ -72,12 +77,14 @@ def logs(
     follow: bool,
     tail: int | None,
     diagnose: bool,
+    raw: bool,
 ) -> int:
     """Show, follow or diagnose vLLM logs.
 
     PROFILE's log is ~/.fleet/run/PROFILE/vllm.log on each host. With --diagnose the log is
     filtered on the host (grep with the catalogue's prefilter) and only candidate lines are
     fetched, so multi-GiB logs are diagnosed in seconds."""
+    app.raw = raw
     if local_file is not None:
         if hosts or profile or remote_path:
             raise UsageError(
@@ -92,10 +99,9 @@ def logs(
         raise UsageError("give either PROFILE or --path, not both")
     if not profile and not remote_path:
         raise UsageError("give a PROFILE (its log is ~/.fleet/run/PROFILE/vllm.log) or --path FILE")
-    from fleet.diagnosis.remote import profile_log_path, shell_path
+    from fleet.diagnosis.remote import check_path, profile_log_path
 
-    path = remote_path if remote_path else profile_log_path(profile or "")
-    shell_path(path)  # validate before connecting
+    path = check_path(remote_path if remote_path else profile_log_path(profile or ""))
     selected = app.select(hosts)
     if follow:
         if len(selected) != 1:
@@ -138,14 +144,14 @@ def _local(app: AppContext, path: Path, tail: int | None, diagnose: bool) -> int
             }
         )
     else:
-        render_diagnoses(result.diagnoses, where=str(path), lines=result.lines)
+        render_diagnoses(app.console, result.diagnoses, where=str(path), lines=result.lines)
     return exit_code(result.diagnoses)
 
 
 def _show_local(app: AppContext, path: Path, lines: int) -> int:
-    from fleet.diagnosis.scan import _tail_offset
+    from fleet.diagnosis.scan import tail_offset
 
-    offset, first = _tail_offset(path, lines)
+    offset, first = tail_offset(path, lines)
     with open(path, "rb") as fh:
         fh.seek(offset)
         text = fh.read().decode("utf-8", errors="replace").split("\n")
@@ -157,14 +163,16 @@ def _show_local(app: AppContext, path: Path, lines: int) -> int:
 
         emit_json({"file": str(path), "lines": [{"line": n, "text": t} for n, t in numbered]})
     else:
-        _print_lines(numbered)
+        _print_lines(app, numbered)
     return EXIT_OK
 
 
-def _print_lines(numbered: list[tuple[int, str]]) -> None:
+def _print_lines(app: AppContext, numbered: list[tuple[int, str]]) -> None:
+    from fleet.cli.render import terminal_safe
+
     out = sys.stdout
     for _n, text in numbered:
-        out.write(text + "\n")
+        out.write((text if app.raw else terminal_safe(text)) + "\n")
     out.flush()
 
 
@@ -176,7 +184,7 @@ def _diagnose_hosts(app: AppContext, selected: list[Any], path: str, tail: int |
     from fleet.diagnosis.remote import diagnose_remote
     from fleet.transport import exit_code, fan_out
 
-    def run(conn: HostConnection) -> RemoteDiagnosis:
+    def run(conn: Runner) -> RemoteDiagnosis:
         return diagnose_remote(conn, path, tail=tail)
 
     outcomes = fan_out(app.session(), selected, run, forks=app.forks)
@@ -185,73 +193,43 @@ def _diagnose_hosts(app: AppContext, selected: list[Any], path: str, tail: int |
 
         emit_json(hosts_json(outcomes))
     else:
+        from fleet.cli.render import failure_lines
+
         for o in outcomes:
-            _render_outcome(o)
-    transport_rc = exit_code(outcomes)
-    diag_rc = max(
-        (diag_exit(o.value.diagnoses) for o in outcomes if o.ok and o.value is not None),
-        default=EXIT_OK,
-    )
-    if transport_rc == EXIT_UNREACHABLE:
-        return EXIT_UNREACHABLE
-    return EXIT_FAILED if EXIT_FAILED in (transport_rc, diag_rc) else EXIT_OK
+            if o.value is not None:
+                _render_outcome(app.console, o.host, o.value)
+        failure_lines(app.console, outcomes)
+    found = any(diag_exit(o.value.diagnoses) for o in outcomes if o.value is not None)
+    return exit_code(outcomes, problem_found=found)
 
 
 def hosts_json(outcomes: list[HostOutcome[RemoteDiagnosis]]) -> dict[str, Any]:
     """``{"diagnoses": [...], "hosts": {name: {"diagnoses": [...], "bytes_received": N, ...}}}``.
 
     The top-level ``diagnoses`` (the DESIGN contract) holds every host's diagnoses, each
-    with its ``host``, ranked: every host's primary cause first, then the others; within
-    each, by severity, then by the engine's rank on its host."""
-    from fleet.cli.render import hosts_json
-    from fleet.diagnosis.models import SEVERITY_ORDER
+    with its ``host``, ranked by :func:`fleet.diagnosis.remote.rank_across_hosts`."""
+    from fleet.diagnosis.remote import RemoteDiagnosis, rank_across_hosts
+    from fleet.transport import hosts_json as per_host_json
 
-    doc = hosts_json(
-        outcomes,
-        lambda r: {
-            "path": r.path,
-            "diagnoses": [d.as_contract() for d in r.diagnoses],
-            "bytes_received": r.bytes_received,
-            "file_size": r.file_size,
-            "candidate_lines": r.candidate_lines,
-            "truncated": r.truncated,
-            "notes": r.notes,
-        },
+    ranked = rank_across_hosts(
+        [(o.host, o.value.diagnoses) for o in outcomes if o.ok and o.value is not None]
     )
-    ranked: list[tuple[tuple[bool, int, int, int], dict[str, Any]]] = []
-    for h, o in enumerate(outcomes):
-        if not o.ok or o.value is None:
-            continue
-        for i, d in enumerate(o.value.diagnoses):
-            key = (i > 0, SEVERITY_ORDER.get(d.severity, 9), i, h)
-            ranked.append((key, {"host": o.host, **d.as_contract()}))
-    ranked.sort(key=lambda item: item[0])
-    return {"diagnoses": [entry for _key, entry in ranked], **doc}
+    return {"diagnoses": ranked, **per_host_json(outcomes, RemoteDiagnosis.to_json)}
 
 
-def _render_outcome(o: HostOutcome[RemoteDiagnosis]) -> None:
+def _render_outcome(out: Console, host: str, r: RemoteDiagnosis) -> None:
     from rich.markup import escape
 
-    from fleet.cli.render import console
-
-    out = console()
-    if not o.ok or o.value is None:
-        style = "bold red" if o.status == "unreachable" else "red"
-        out.print(f"[{style}]{escape(o.host)}[/]: {escape(o.error or o.status)}", soft_wrap=True)
-        if o.hint:
-            out.print(f"  [dim]next:[/] {escape(o.hint)}", soft_wrap=True)
-        return
-    r = o.value
     moved = _size(r.bytes_received)
     of = f" of {_size(r.file_size)} ({100 * r.fraction:.3g}%)" if r.file_size else ""
     out.print(
-        f"[bold]{escape(o.host)}[/] [dim]{escape(r.path)} — fetched {moved}{of}, "
+        f"[bold]{escape(host)}[/] [dim]{escape(r.path)} — fetched {moved}{of}, "
         f"{r.candidate_lines} candidate lines[/]",
         soft_wrap=True,
     )
     for note in r.notes:
         out.print(f"  [yellow]note:[/] {escape(note)}", soft_wrap=True)
-    render_diagnoses(r.diagnoses, where=f"{o.host}:{r.path}", lines=None)
+    render_diagnoses(out, r.diagnoses, where=f"{host}:{r.path}", lines=None)
 
 
 def _size(n: int) -> str:
@@ -262,25 +240,15 @@ def _size(n: int) -> str:
 
 
 def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> int:
-    from fleet.diagnosis.remote import EXIT_NO_FILE, Header, parse_numbered, tail_command
-    from fleet.errors import OperationFailed
+    from fleet.diagnosis.remote import tail_lines
     from fleet.transport import exit_code, fan_out
 
-    def run(conn: HostConnection) -> list[tuple[int, str]]:
-        res = conn.run(tail_command(path, lines), timeout=120.0)
-        if res.exit_code == EXIT_NO_FILE or not res.ok:
-            msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "tail failed"
-            raise OperationFailed(
-                f"{conn.host.name}: {msg}", hint="check the profile name or --path"
-            )
-        text = res.stdout.split("\n")
-        if text and text[-1] == "":
-            text.pop()
-        return [(n, redact_text(t)) for n, t in parse_numbered(text, Header())]
-
-    outcomes = fan_out(app.session(), selected, run, forks=app.forks)
+    outcomes = fan_out(
+        app.session(), selected, lambda conn: tail_lines(conn, path, lines), forks=app.forks
+    )
     if app.json_output:
-        from fleet.cli.render import emit_json, hosts_json
+        from fleet.cli.render import emit_json
+        from fleet.transport import hosts_json
 
         emit_json(
             hosts_json(
@@ -291,20 +259,20 @@ def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> 
     else:
         from rich.markup import escape
 
-        from fleet.cli.render import console
+        from fleet.cli.render import failure_lines
 
         many = len(outcomes) > 1
         for o in outcomes:
             if o.ok and o.value is not None:
                 if many:
-                    console().print(f"[bold]==> {escape(o.host)}:{escape(path)} <==[/]")
-                _print_lines(o.value)
-            else:
-                console().print(f"[red]{escape(o.host)}[/]: {escape(o.error or o.status)}")
+                    app.console.print(f"[bold]==> {escape(o.host)}:{escape(path)} <==[/]")
+                _print_lines(app, o.value)
+        failure_lines(app.console, outcomes)
     return exit_code(outcomes)
 
 
 def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -> int:
+    from fleet.cli.render import terminal_safe
     from fleet.diagnosis.engine import exit_code as diag_exit
     from fleet.diagnosis.remote import follow
 
@@ -315,7 +283,7 @@ def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -
         for n, raw, fresh in follow(conn, path, lines=lines):
             text = redact_text(raw)
             if not app.json_output:
-                sys.stdout.write(text + "\n")
+                sys.stdout.write((text if app.raw else terminal_safe(text)) + "\n")
                 sys.stdout.flush()
             elif not diagnose:
                 sys.stdout.write(json.dumps({"host": host.name, "line": n, "text": text}) + "\n")
@@ -328,9 +296,12 @@ def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -
                         sys.stdout.write(json.dumps(doc) + "\n")
                     sys.stdout.flush()
                 else:
-                    render_diagnoses(fresh, where=f"{host.name}:{path}", lines=None, live=True)
+                    render_diagnoses(
+                        app.console, fresh, where=f"{host.name}:{path}", lines=None, live=True
+                    )
     except KeyboardInterrupt:
-        pass
+        click.echo("fleet: interrupted", err=True)
+        return EXIT_INTERRUPTED
     return diag_exit(found) if diagnose else EXIT_OK
 
 
@@ -338,7 +309,12 @@ def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -
 
 
 def render_diagnoses(
-    diagnoses: list[Diagnosis], *, where: str, lines: int | None, live: bool = False
+    out: Console,
+    diagnoses: list[Diagnosis],
+    *,
+    where: str,
+    lines: int | None,
+    live: bool = False,
 ) -> None:
     """The primary diagnosis as a panel; the others as panels (-v) or one line each."""
     from rich.console import Group
@@ -346,9 +322,6 @@ def render_diagnoses(
     from rich.panel import Panel
     from rich.text import Text
 
-    from fleet.cli.render import console
-
-    out = console()
     if not diagnoses:
         n = f" ({lines} lines)" if lines is not None else ""
         out.print(f"[green]✓[/] no problems found in {escape(where)}{n}")

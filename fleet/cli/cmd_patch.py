@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from fleet.cli.context import AppContext, host_option, pass_app
-from fleet.errors import EXIT_FAILED, EXIT_OK, UsageError
+from fleet.errors import UsageError
 from fleet.patching.manifest import DEFAULT_PATCH_SET
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from fleet.patching.service import HostReport
-    from fleet.transport import HostConnection, HostOutcome
+    from fleet.transport import HostOutcome, Runner
 
 STATUS_STYLE = {
     "applied": "bold green",
@@ -71,7 +73,7 @@ def patch(
     session = app.session()
     dry = check or show_diff
 
-    def one(conn: HostConnection) -> HostReport:
+    def one(conn: Runner) -> HostReport:
         if revert:
             return revert_host(conn, patch_set, force=force, check=check, with_diff=show_diff)
         return apply_host(conn, patch_set, check=dry, with_diff=show_diff)
@@ -80,47 +82,24 @@ def patch(
     if app.json_output:
         _emit(outcomes, show_diff)
     else:
-        _render(outcomes, patch_name, show_diff, revert, dry, verbose=app.verbose > 0)
-    code = exit_code(outcomes)
-    if code == EXIT_OK and any(o.value is not None and not o.value.ok for o in outcomes):
-        code = EXIT_FAILED
-    return code
+        _render(app.console, outcomes, patch_name, show_diff, revert, dry, verbose=app.verbose > 0)
+    return exit_code(outcomes)
 
 
 def _emit(outcomes: list[HostOutcome[HostReport]], show_diff: bool) -> None:
     from fleet.cli.render import emit_json
+    from fleet.transport import hosts_json
 
-    out: dict[str, Any] = {}
-    for o in outcomes:
-        if o.ok and o.value is not None:
-            out[o.host] = o.value.to_json(with_diff=show_diff)
-        else:
-            # the fields of DESIGN's contract on every host entry, known or not
-            out[o.host] = {**o.failure_json(), "vllm_version": None, "files": []}
-    emit_json({"hosts": out})
+    doc = hosts_json(outcomes, lambda r: r.to_json(with_diff=show_diff))
+    for entry in doc["hosts"].values():
+        # the fields of DESIGN's contract on every host entry, known or not
+        entry.setdefault("vllm_version", None)
+        entry.setdefault("files", [])
+    emit_json(doc)
 
 
 def _short(sha: str | None) -> str:
     return sha[:12] if sha else "-"
-
-
-# Worst first: the status that sums up a host is the first of these that any file has.
-HOST_STATUS_ORDER = (
-    "conflict",
-    "would-apply",
-    "would-revert",
-    "applied",
-    "reverted",
-    "already-applied",
-    "not-needed",
-)
-
-
-def host_status(report: HostReport) -> str:
-    """One word for a host: its worst file status (a host whose files all are
-    ``not-needed`` is ``not-needed``)."""
-    seen = {f.status for f in report.files}
-    return next((s for s in HOST_STATUS_ORDER if s in seen), "not-needed")
 
 
 def _styled(status: str) -> str:
@@ -131,6 +110,7 @@ def _styled(status: str) -> str:
 
 
 def _render(
+    out: Console,
     outcomes: list[HostOutcome[HostReport]],
     patch_name: str,
     show_diff: bool,
@@ -141,9 +121,8 @@ def _render(
     from rich.markup import escape
     from rich.table import Table
 
-    from fleet.cli.render import console
+    from fleet.cli.render import failure_lines
 
-    out = console()
     verb = "revert" if revert else "apply"
     # every string that comes from a host or a user is escaped: it is not rich markup
     title = f"fleet patch {escape(patch_name)}: {verb}"
@@ -152,11 +131,11 @@ def _render(
     for col in ("host", "vLLM", "status", "files"):
         table.add_column(col, overflow="fold", no_wrap=col in ("host", "vLLM", "status"))
     for o in outcomes:
-        if not o.ok or o.value is None:
+        if o.value is None:
             table.add_row(escape(o.host), "-", f"[bold red]{escape(o.status)}[/]", "-")
             continue
         r = o.value
-        status = host_status(r)
+        status = r.status
         touched = [f for f in r.files if f.status != "not-needed"]
         if touched:
             files = escape(
@@ -168,12 +147,12 @@ def _render(
         else:
             files = escape(next((f.note for f in r.files if f.note), "") or "nothing to do")
         table.add_row(escape(o.host), escape(r.vllm_version), _styled(status), files)
-    ok = sum(1 for o in outcomes if o.ok and o.value is not None and o.value.ok)
+    ok = sum(1 for o in outcomes if o.ok)
     table.caption = f"{ok}/{len(outcomes)} hosts ok" + ("" if verbose else "; per file: -v")
     out.print(table)
     if verbose:  # per file: full path, status, sha256 before -> after, edits
         for o in outcomes:
-            if not o.ok or o.value is None:
+            if o.value is None:
                 continue
             v = o.value
             out.print(
@@ -190,13 +169,9 @@ def _render(
                 if detail:
                     out.print(f"      [dim]{escape(detail)}[/]", soft_wrap=True)
 
+    failure_lines(out, [o for o in outcomes if o.value is None])
     for o in outcomes:
-        if not o.ok or o.value is None:
-            out.print(
-                f"[bold red]{escape(o.host)}[/]: {escape(o.error or o.status)}", soft_wrap=True
-            )
-            if o.hint:
-                out.print(f"  [dim]next:[/] {escape(o.hint)}", soft_wrap=True)
+        if o.value is None:
             continue
         r = o.value
         for f in r.files:
@@ -219,7 +194,7 @@ def _render(
         from rich.syntax import Syntax
 
         for o in outcomes:
-            if not o.ok or o.value is None:
+            if o.value is None:
                 continue
             for f in o.value.files:
                 if f.diff:

@@ -11,16 +11,16 @@ from fleet.errors import EXIT_FAILED, EXIT_OK
 from fleet.sandbox import model
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from fleet.sandbox.core import HostStatus, Sandbox
     from fleet.sandbox.model import Backend
 
 DIR_HELP = f"Sandbox directory [default: ./{model.DEFAULT_DIR}]."
 
 
-def _status_table(title: str, rows: list[tuple[str, ...]]) -> None:
+def _status_table(out: Console, title: str, rows: list[tuple[str, ...]]) -> None:
     from rich.table import Table
-
-    from fleet.cli.render import console
 
     table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for column in ("host", "vLLM", "address", "state"):
@@ -28,7 +28,7 @@ def _status_table(title: str, rows: list[tuple[str, ...]]) -> None:
     table.add_column("python", overflow="fold")
     for row in rows:
         table.add_row(*row)
-    console().print(table)
+    out.print(table)
 
 
 @click.group()
@@ -88,12 +88,12 @@ def up(
     no_pin: bool,
 ) -> int:
     """Start the rehearsal hosts and write DIR/inventory.yaml."""
-    from fleet.cli.render import console, emit_json, err_console
+    from fleet.cli.render import emit_json
     from fleet.sandbox.core import Sandbox
 
     def progress(message: str) -> None:
         if not app.json_output or app.verbose:
-            err_console().print(f"[dim]sandbox:[/dim] {message}")
+            app.err_console.print(f"[dim]sandbox:[/dim] {message}")
 
     kind: Backend | None = (
         "docker" if backend == "docker" else ("local" if backend == "local" else None)
@@ -111,9 +111,9 @@ def up(
     if app.json_output:
         emit_json(_json(box, statuses))
     else:
-        _print_statuses(box, statuses, f"sandbox {box.dir}")
-        console().print(f"try:       fleet --inventory {box.inventory_path} inspect --host all")
-        console().print(f"stop:      fleet sandbox down --dir {box.dir}")
+        _print_statuses(app.console, box, statuses, f"sandbox {box.dir}")
+        app.console.print(f"try:       fleet --inventory {box.inventory_path} inspect --host all")
+        app.console.print(f"stop:      fleet sandbox down --dir {box.dir}")
     return EXIT_OK if all(s.running for s in statuses) else EXIT_FAILED
 
 
@@ -123,7 +123,7 @@ def up(
 @pass_app
 def down(app: AppContext, directory: str, purge: bool) -> int:
     """Stop exactly the processes `up` started (safe to run twice)."""
-    from fleet.cli.render import console, emit_json
+    from fleet.cli.render import emit_json
     from fleet.sandbox.core import Sandbox
 
     box = Sandbox(directory)
@@ -132,11 +132,11 @@ def down(app: AppContext, directory: str, purge: bool) -> int:
     if app.json_output:
         emit_json({"dir": str(box.dir), "stopped": stopped, "purged": purge})
     elif not existed:
-        console().print(f"no sandbox in {box.dir}; nothing to stop")
+        app.console.print(f"no sandbox in {box.dir}; nothing to stop")
     elif stopped:
-        console().print(f"stopped {len(stopped)} host(s): {', '.join(stopped)}")
+        app.console.print(f"stopped {len(stopped)} host(s): {', '.join(stopped)}")
     else:
-        console().print(f"nothing running in {box.dir}")
+        app.console.print(f"nothing running in {box.dir}")
     return EXIT_OK
 
 
@@ -145,7 +145,7 @@ def down(app: AppContext, directory: str, purge: bool) -> int:
 @pass_app
 def status(app: AppContext, directory: str) -> int:
     """Show each host and whether its sshd runs (exit 1 if any is down or none exists)."""
-    from fleet.cli.render import console, emit_json
+    from fleet.cli.render import emit_json
     from fleet.sandbox.core import Sandbox
 
     box = Sandbox(directory)
@@ -153,27 +153,26 @@ def status(app: AppContext, directory: str) -> int:
         if app.json_output:
             emit_json({"dir": str(box.dir), "exists": False, "hosts": {}})
         else:
-            console().print(f"no sandbox in {box.dir}")
+            app.console.print(f"no sandbox in {box.dir}")
         return EXIT_FAILED
     statuses = box.status()
     if app.json_output:
         emit_json(_json(box, statuses))
     else:
-        _print_statuses(box, statuses, f"sandbox {box.dir} ({box.state.backend})")
+        _print_statuses(app.console, box, statuses, f"sandbox {box.dir} ({box.state.backend})")
     return EXIT_OK if statuses and all(s.running for s in statuses) else EXIT_FAILED
 
 
-def _print_statuses(box: Sandbox, statuses: list[HostStatus], title: str) -> None:
-    from fleet.cli.render import console
-
+def _print_statuses(out: Console, box: Sandbox, statuses: list[HostStatus], title: str) -> None:
     _status_table(
+        out,
         title,
         [
             (s.name, s.vllm, f"{s.address}:{s.port}", "up" if s.running else "DOWN", s.python)
             for s in statuses
         ],
     )
-    console().print(f"\ninventory: {box.inventory_path}")
+    out.print(f"\ninventory: {box.inventory_path}")
 
 
 def _json(box: Sandbox, statuses: list[HostStatus]) -> dict[str, Any]:

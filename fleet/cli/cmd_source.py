@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fleet.cli.context import AppContext, host_option, pass_app
-from fleet.errors import EXIT_USAGE
+from fleet.source import MAX_LIMIT
 
 if TYPE_CHECKING:
     from fleet.source import GrepResult, ShownFile
-    from fleet.transport import HostConnection, HostOutcome
-
-T = TypeVar("T")
+    from fleet.transport import HostOutcome, Runner
 
 
 @click.group()
@@ -27,62 +23,29 @@ def source() -> None:
     """
 
 
-@dataclass
-class Refused:
-    """A host refused the path: it resolves outside the vLLM tree there."""
-
-    message: str
-
-
-def _run_refusable(fn: Callable[[HostConnection], T]) -> Callable[[HostConnection], T | Refused]:
-    from fleet.source import PathEscapesTree
-
-    def one(conn: HostConnection) -> T | Refused:
-        try:
-            return fn(conn)
-        except PathEscapesTree as exc:
-            return Refused(exc.message)
-
-    return one
-
-
-def _refusals(outcomes: list[HostOutcome[Any]]) -> list[str]:
-    return [o.value.message for o in outcomes if isinstance(o.value, Refused)]
-
-
-def _host_json(o: HostOutcome[Any], ok_body: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
-    """One host's ``--json`` entry: refused (path left the tree), ok, or failed."""
-    if isinstance(o.value, Refused):
-        return {"ok": False, "status": "refused", "error": o.value.message}
-    if o.ok and o.value is not None:
-        return {"ok": True, **ok_body(o.value)}
-    return o.failure_json()
-
-
-def _finish(outcomes: list[HostOutcome[Any]]) -> int:
+def _finish(app: AppContext, outcomes: list[HostOutcome[Any]]) -> int:
+    """Failed hosts on stderr (a refused path as ``fleet: error: ...``); the exit code."""
     from fleet.transport import exit_code
 
-    refused = _refusals(outcomes)
-    if refused:
-        for message in refused:
-            click.echo(f"fleet: error: {message}", err=True)
-        return EXIT_USAGE
+    if not app.json_output:
+        for o in outcomes:
+            if o.status == "refused":
+                click.echo(f"fleet: error: {o.host}: {o.error}", err=True)
+            elif not o.ok:
+                click.echo(f"{o.host}: {o.status}: {o.error}", err=True)
+                if o.hint:
+                    click.echo(f"  next: {o.hint}", err=True)
     return exit_code(outcomes)
-
-
-def _echo_failures(outcomes: list[HostOutcome[Any]]) -> None:
-    for o in outcomes:
-        if not o.ok:
-            click.echo(f"{o.host}: {o.status}: {o.error}", err=True)
-            if o.hint:
-                click.echo(f"  next: {o.hint}", err=True)
 
 
 @source.command()
 @host_option()
 @click.argument("file_spec", metavar="FILE[:A-B]")
+@click.option(
+    "--raw", is_flag=True, help="Print control characters as they are (default: shown as \\xNN)."
+)
 @pass_app
-def show(app: AppContext, hosts: tuple[str, ...], file_spec: str) -> int:
+def show(app: AppContext, hosts: tuple[str, ...], file_spec: str, raw: bool) -> int:
     """Print lines A-B of FILE (relative to the vLLM package directory) with line
     numbers, e.g. ``model_executor/models/deepseek_v2.py:1263-1275``. Hosts whose
     output is identical are shown once."""
@@ -92,15 +55,14 @@ def show(app: AppContext, hosts: tuple[str, ...], file_spec: str) -> int:
     spec = parse_file_spec(file_spec)
     selected = app.select(hosts)
     session = app.session()
-    outcomes = fan_out(
-        session, selected, _run_refusable(lambda conn: show_file(conn, spec)), forks=app.forks
-    )
+    outcomes = fan_out(session, selected, lambda conn: show_file(conn, spec), forks=app.forks)
     if app.json_output:
         from fleet.cli.render import emit_json
+        from fleet.transport import hosts_json
 
-        out = {
-            o.host: _host_json(
-                o,
+        emit_json(
+            hosts_json(
+                outcomes,
                 lambda v: {
                     "vllm_path": v.vllm_dir,
                     "path": v.path,
@@ -110,21 +72,21 @@ def show(app: AppContext, hosts: tuple[str, ...], file_spec: str) -> int:
                     "lines": [{"line": n, "text": t} for n, t in v.lines],
                 },
             )
-            for o in outcomes
-        }
-        emit_json({"hosts": out})
+        )
     else:
-        _print_shown(outcomes, spec.label)
-        _echo_failures(outcomes)
-    return _finish(outcomes)
+        _print_shown(outcomes, spec.label, raw)
+    return _finish(app, outcomes)
 
 
-def _print_shown(outcomes: list[HostOutcome[ShownFile | Refused]], label: str) -> None:
+def _print_shown(outcomes: list[HostOutcome[ShownFile]], label: str, raw: bool) -> None:
+    from fleet.cli.render import terminal_safe
+
+    safe = (lambda t: t) if raw else terminal_safe
     groups: dict[tuple[str, tuple[tuple[int, str], ...]], list[str]] = {}
     shown: dict[tuple[str, tuple[tuple[int, str], ...]], ShownFile] = {}
     for o in outcomes:
         value = o.value
-        if o.ok and value is not None and not isinstance(value, Refused):
+        if o.ok and value is not None:
             key = (value.path, tuple(value.lines))
             groups.setdefault(key, []).append(o.host)
             shown[key] = value
@@ -136,7 +98,7 @@ def _print_shown(outcomes: list[HostOutcome[ShownFile | Refused]], label: str) -
         if not value.lines:
             click.echo(f"(no lines in {label}; the file has {value.total_lines} lines)")
         for number, text in value.lines:
-            click.echo(f"{number:>{width}}  {text}")
+            click.echo(f"{number:>{width}}  {safe(text)}")
 
 
 @source.command()
@@ -146,7 +108,11 @@ def _print_shown(outcomes: list[HostOutcome[ShownFile | Refused]], label: str) -
 @click.option("-i", "--ignore-case", is_flag=True, help="Case-insensitive match.")
 @click.option("-F", "--fixed-strings", is_flag=True, help="REGEX is a plain string.")
 @click.option(
-    "-m", "--max-count", type=click.IntRange(min=1), default=None, help="Matches per file."
+    "-m",
+    "--max-count",
+    type=click.IntRange(min=1, max=MAX_LIMIT),
+    default=None,
+    help="Matches per file.",
 )
 @click.option(
     "--include",
@@ -157,10 +123,13 @@ def _print_shown(outcomes: list[HostOutcome[ShownFile | Refused]], label: str) -
 )
 @click.option(
     "--limit",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_LIMIT),
     default=1000,
     show_default=True,
     help="Most matching lines returned per host (0: no limit).",
+)
+@click.option(
+    "--raw", is_flag=True, help="Print control characters as they are (default: shown as \\xNN)."
 )
 @pass_app
 def grep(
@@ -173,6 +142,7 @@ def grep(
     max_count: int | None,
     includes: tuple[str, ...],
     limit: int,
+    raw: bool,
 ) -> int:
     """Search the vLLM tree (or PATH in it) for the extended regex REGEX (``grep -rn -E``);
     each line is prefixed by its host."""
@@ -184,7 +154,7 @@ def grep(
     selected = app.select(hosts)
     session = app.session()
 
-    def one(conn: HostConnection) -> GrepResult:
+    def one(conn: Runner) -> GrepResult:
         return grep_tree(
             conn,
             regex,
@@ -196,48 +166,46 @@ def grep(
             limit=limit or None,
         )
 
-    outcomes = fan_out(session, selected, _run_refusable(one), forks=app.forks)
+    outcomes = fan_out(session, selected, one, forks=app.forks)
     if app.json_output:
         from fleet.cli.render import emit_json
+        from fleet.transport import hosts_json
 
+        doc = hosts_json(
+            outcomes,
+            lambda v: {
+                "vllm_path": v.vllm_dir,
+                "matches": len(v.matches),
+                "truncated": v.truncated,
+                "warnings": v.warnings,
+            },
+        )
         matches: list[dict[str, Any]] = []
-        per_host: dict[str, Any] = {}
         for o in outcomes:
-            per_host[o.host] = _host_json(
-                o,
-                lambda v: {
-                    "vllm_path": v.vllm_dir,
-                    "matches": len(v.matches),
-                    "truncated": v.truncated,
-                    "warnings": v.warnings,
-                },
-            )
-            value = o.value
-            if per_host[o.host]["ok"] and value is not None and not isinstance(value, Refused):
+            if o.ok and o.value is not None:
                 matches += [
                     {"host": o.host, "path": m.path, "line": m.line, "text": m.text}
-                    for m in sorted(value.matches, key=lambda m: (m.path, m.line))
+                    for m in sorted(o.value.matches, key=lambda m: (m.path, m.line))
                 ]
-        emit_json({"matches": matches, "hosts": per_host})
+        emit_json({"matches": matches, **doc})
     else:
+        from fleet.cli.render import terminal_safe
+
         for o in outcomes:
             value = o.value
-            if not o.ok or value is None or isinstance(value, Refused):
+            if not o.ok or value is None:
                 continue
             for m in sorted(value.matches, key=lambda m: (m.path, m.line)):
-                click.echo(f"{o.host}: {m.path}:{m.line}:{m.text}")
+                click.echo(
+                    f"{o.host}: {m.path}:{m.line}:{m.text if raw else terminal_safe(m.text)}"
+                )
             if value.truncated:
                 click.echo(
                     f"{o.host}: (output cut at {limit} lines; use --limit 0 for all)", err=True
                 )
             for warning in value.warnings:
                 click.echo(f"{o.host}: warning: {warning}", err=True)
-        searched = [
-            o.value
-            for o in outcomes
-            if o.ok and o.value is not None and not isinstance(o.value, Refused)
-        ]
+        searched = [o.value for o in outcomes if o.ok and o.value is not None]
         if searched and not any(r.matches for r in searched):
             click.echo(f"no matches on {len(searched)} host(s)", err=True)
-        _echo_failures(outcomes)
-    return _finish(outcomes)
+    return _finish(app, outcomes)

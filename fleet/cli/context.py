@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -9,10 +10,28 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from fleet.inventory import HostSpec, Inventory
     from fleet.transport import Session
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+LOG_FORMAT = "fleet: %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(verbose: int) -> None:
+    """``-vv`` logs every remote command (masked) with host, exit code, duration and bytes,
+    and the traceback of a host's unexpected exception, on stderr."""
+    if verbose < 2:
+        return
+    root = logging.getLogger("fleet")
+    if not any(getattr(h, "_fleet", False) for h in root.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler._fleet = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
 
 
 @dataclass
@@ -21,7 +40,30 @@ class AppContext:
     json_output: bool = False
     verbose: int = 0
     forks: int = 32
+    raw: bool = False
+    """Print text from hosts as it is (``--raw``); by default control characters are
+    shown as ``\\xNN``."""
     _inventory: Inventory | None = field(default=None, repr=False)
+    _console: Console | None = field(default=None, repr=False)
+    _err_console: Console | None = field(default=None, repr=False)
+
+    @property
+    def console(self) -> Console:
+        """Where results for people go (stdout)."""
+        if self._console is None:
+            from fleet.cli.render import make_console
+
+            self._console = make_console()
+        return self._console
+
+    @property
+    def err_console(self) -> Console:
+        """Progress, warnings and hints (stderr; never mixed into ``--json``)."""
+        if self._err_console is None:
+            from fleet.cli.render import make_console
+
+            self._err_console = make_console(stderr=True)
+        return self._err_console
 
     def inventory(self) -> Inventory:
         if self._inventory is None:

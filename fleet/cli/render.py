@@ -1,8 +1,14 @@
-"""Output helpers: rich for people, JSON for programs (``--json`` puts only JSON on stdout)."""
+"""Output for people (rich) and programs (``--json``): the one renderer of per-host results.
+
+Every function that prints takes the console it prints to (the run's ``AppContext``
+creates it; tests pass their own). Text that comes from a host or a user is escaped: it
+is never rich markup.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -12,28 +18,39 @@ if TYPE_CHECKING:
 
     from fleet.transport import HostOutcome
 
-_console: Console | None = None
-_err_console: Console | None = None
+STATUS_STYLE = {
+    "ok": "green",
+    "changed": "bold green",
+    "failed": "red",
+    "unreachable": "bold red",
+    "refused": "yellow",
+}
 
 
-def console() -> Console:
-    """The rich console for human output on stdout."""
-    global _console
-    if _console is None:
-        from rich.console import Console
+def make_console(*, stderr: bool = False) -> Console:
+    """A console on stdout (results) or stderr (progress, warnings, hints)."""
+    from rich.console import Console
 
-        _console = Console(highlight=False, soft_wrap=False)
-    return _console
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
-def err_console() -> Console:
-    """The rich console on stderr: progress, warnings, hints (never mixed into --json)."""
-    global _err_console
-    if _err_console is None:
-        from rich.console import Console
+def escape(text: object) -> str:
+    from rich.markup import escape as _escape
 
-        _err_console = Console(stderr=True, highlight=False)
-    return _err_console
+    return _escape(str(text))
+
+
+def styled_status(status: str) -> str:
+    return f"[{STATUS_STYLE.get(status, 'red')}]{escape(status)}[/]"
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with control characters (ANSI escapes, carriage returns, bells...) shown as
+    ``\\xNN``: text from a host must not move the cursor or recolour the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def emit_json(obj: Any) -> None:
@@ -51,32 +68,35 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def hosts_json(
-    outcomes: Sequence[HostOutcome[Any]], ok_body: Callable[[Any], dict[str, Any]]
-) -> dict[str, Any]:
-    """``{"hosts": {name: {"ok": true, **ok_body(value)} | {"ok": false, "status", "error"}}}``."""
-    out: dict[str, Any] = {}
+def emit_json_line(obj: Any) -> None:
+    """One JSON object on one line (``--events``, ``--follow --json``)."""
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def failure_lines(console: Console, outcomes: Sequence[HostOutcome[Any]]) -> None:
+    """One line per host that did not succeed, ``host: error``, and its ``next:`` hint."""
     for o in outcomes:
-        if o.ok and o.value is not None:
-            out[o.host] = {"ok": True, **ok_body(o.value)}
-        else:
-            out[o.host] = o.failure_json()
-    return {"hosts": out}
+        if o.ok:
+            continue
+        console.print(
+            f"[{STATUS_STYLE.get(o.status, 'red')}]{escape(o.host)}[/]: "
+            f"{escape(o.error or o.status)}",
+            soft_wrap=True,
+        )
+        if o.hint:
+            console.print(f"  [dim]next:[/] {escape(o.hint)}", soft_wrap=True)
 
 
-STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "bold red"}
-
-
-def print_outcomes(
+def host_table(
+    console: Console,
     outcomes: Sequence[HostOutcome[Any]],
     columns: list[str],
     cells: Callable[[Any], list[str]],
     title: str | None = None,
 ) -> None:
     """The per-host summary for people: a table (host, status, the command's columns),
-    then one line per failed host with its error and what to do next. ``cells`` returns
-    rich markup: escape any text that comes from a host."""
-    from rich.markup import escape
+    then :func:`failure_lines`. ``cells`` returns rich markup: escape host text in it."""
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -85,20 +105,11 @@ def print_outcomes(
     for col in columns:
         table.add_column(col)
     for o in outcomes:
-        status = f"[{STATUS_STYLE[o.status]}]{o.status}[/]"
-        if o.ok and o.value is not None:
-            table.add_row(escape(o.host), status, *cells(o.value))
+        if o.value is not None:
+            table.add_row(escape(o.host), styled_status(o.status), *cells(o.value))
         else:
-            table.add_row(escape(o.host), status, *(["-"] * len(columns)))
+            table.add_row(escape(o.host), styled_status(o.status), *(["-"] * len(columns)))
     ok = sum(o.ok for o in outcomes)
     table.caption = f"{ok}/{len(outcomes)} ok"
-    out = console()
-    out.print(table)
-    for o in outcomes:
-        if not o.ok:
-            out.print(
-                f"[{STATUS_STYLE[o.status]}]{escape(o.host)}[/]: {escape(o.error or '')}",
-                soft_wrap=True,
-            )
-            if o.hint:
-                out.print(f"  [dim]next:[/] {escape(o.hint)}", soft_wrap=True)
+    console.print(table)
+    failure_lines(console, outcomes)

@@ -40,7 +40,10 @@ def marker(kind: str, **values: object) -> str:
 
 
 def event(
-    kind: str, *, host: str | None = None, catalogue: CompiledCatalogue | None = None,
+    kind: str,
+    *,
+    host: str | None = None,
+    catalogue: CompiledCatalogue | None = None,
     **values: object,
 ) -> Diagnosis:
     """The diagnosis fleet reports for its own event (same text as from the log marker)."""

@@ -1,7 +1,8 @@
 """Remote logs at scale: filter on the host, fetch only candidate lines.
 
 ``fleet logs --host H PROFILE --diagnose`` runs one shell command on the host, a one-line
-POSIX sh script passed as ``sh -c '...'`` (so fish or csh as login shell do not matter)::
+POSIX sh script (built by :mod:`fleet.transport.shell`, so fish or csh as login shell do
+not matter)::
 
     grep -a -n -E -B3 -A3 -e '<literal1>|<literal2>|...' -- FILE | cut | awk '<cap>' | head -c
 
@@ -13,25 +14,28 @@ a candidate sends at most ``HEAD_BYTES + TAIL_BYTES`` (its start and its end; th
 middle is counted and reported). The command prints a ``#fleet`` header (file size, line
 offset) first so the caller can report the fraction moved. With ``--tail`` the size is
 taken once and only that snapshot is read (``head -c SIZE``), so the line numbers of a log
-still being written stay right.
+still being written stay right. Only regular files are read (a FIFO or ``/dev/zero`` is
+refused at once), finite commands run under ``timeout`` where the host has it, and a
+follow (``tail -F``) ends as soon as fleet closes the connection.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fleet.diagnosis.catalogue import CompiledCatalogue, load_catalogue
 from fleet.diagnosis.engine import Engine, diagnose_numbered, with_values
-from fleet.diagnosis.models import Diagnosis
+from fleet.diagnosis.models import SEVERITY_ORDER, Diagnosis
 from fleet.errors import OperationFailed, UsageError
-from fleet.source import sh_command
+from fleet.redact import redact_text
+from fleet.transport import shell
+from fleet.transport.shell import Raw, RemotePath
 
 if TYPE_CHECKING:
-    from fleet.transport import HostConnection
+    from fleet.transport import Runner
 
 WINDOW = 3
 HEAD_LINES = 100_000  # at most this many output lines from the start of the grep output...
@@ -41,6 +45,8 @@ TAIL_BYTES = 2 * 2**20  # is a candidate must not cross the network whole)
 MAX_LINE_BYTES = 20000  # longer candidate lines are cut on the host (the engine reads 16384)
 RUN_DIR = "~/.fleet/run"
 EXIT_NO_FILE = 66
+EXIT_NOT_REGULAR = 67
+TIME_LIMIT = 570  # seconds a finite log command may run on the host (fleet waits 600)
 
 _PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 
@@ -52,17 +58,10 @@ def profile_log_path(profile: str) -> str:
     return f"{RUN_DIR}/{profile}/vllm.log"
 
 
-def shell_path(path: str) -> str:
-    """Quote a remote path for sh; a leading ``~/`` means the remote user's home."""
-    if not path or "\x00" in path or "\n" in path:
-        raise UsageError(f"invalid remote path {path!r}")
-    if path == "~":
-        return '"$HOME"'
-    if path.startswith("~/"):
-        return '"$HOME"/' + shlex.quote(path[2:])
-    if path.startswith("~"):
-        raise UsageError(f"unsupported remote path {path!r} (use ~/... or an absolute path)")
-    return shlex.quote(path)
+def check_path(path: str) -> str:
+    """Validate a remote log path before connecting (``~/...`` or an absolute path)."""
+    shell.path(path)
+    return path
 
 
 def prefilter_regex(catalogue: CompiledCatalogue | None = None) -> str:
@@ -71,42 +70,68 @@ def prefilter_regex(catalogue: CompiledCatalogue | None = None) -> str:
     return "|".join(cat.prefilter_ere())
 
 
-def _header(qpath: str, tail: int | None) -> str:
-    """Shell text: check the file, take ONE snapshot of its size (``size``) and print the
-    ``#fleet`` header. With ``tail`` the line offset is counted in that snapshot, and the
-    commands after it read only that snapshot (``_SNAPSHOT``), so a log that grows
-    meanwhile cannot shift the line numbers."""
-    check = (
-        "export LC_ALL=C; "
-        f'f={qpath}; if [ ! -r "$f" ]; then echo "fleet: cannot read $f" >&2; '
-        f"exit {EXIT_NO_FILE}; fi; size=$(wc -c < \"$f\" | tr -d ' '); "
+# Check the file (readable, regular: a FIFO or a device would block or never end), take
+# ONE snapshot of its size and print the ``#fleet`` header. With a tail the line offset is
+# counted in that snapshot, and the commands after it read only that snapshot (``head -c
+# "$size"``), so a log that grows meanwhile cannot shift the line numbers. ``$T`` is
+# ``timeout N`` where the host has coreutils' timeout (a remote-side time limit).
+_CHECK = (
+    "export LC_ALL=C; f={{path}}; "
+    'if [ ! -r "$f" ]; then echo "fleet: cannot read $f" >&2; exit {{no_file}}; fi; '
+    'if [ ! -f "$f" ]; then echo "fleet: $f is not a regular file" >&2; exit {{not_regular}}; fi; '
+    "T=; if command -v timeout >/dev/null 2>&1; then T='timeout {{limit}}'; fi; "
+    "size=$(wc -c < \"$f\" | tr -d ' ')"
+)
+_HEADER_ALL = 'offset=0; echo "#fleet size=$size offset=$offset"'
+_HEADER_TAIL = (
+    'total=$(head -c "$size" -- "$f" | wc -l); '
+    # a last line still being written (no newline yet) is a line for tail too
+    'if [ "$size" -gt 0 ] && [ -n "$(tail -c +"$size" -- "$f" | head -c 1)" ]; '
+    "then total=$((total + 1)); fi; "
+    "offset=$((total > {{tail}} ? total - {{tail}} : 0)); "
+    'echo "#fleet size=$size offset=$offset"'
+)
+
+
+def _header(path: str, tail: int | None) -> str:
+    check = shell.script(
+        _CHECK,
+        path=RemotePath(path),
+        no_file=EXIT_NO_FILE,
+        not_regular=EXIT_NOT_REGULAR,
+        limit=TIME_LIMIT,
     )
     if tail is None:
-        return check + 'offset=0; echo "#fleet size=$size offset=$offset"; '
-    n = int(tail)
-    return (
-        check + f"total=$({_SNAPSHOT} | wc -l); "
-        # a last line still being written (no newline yet) is a line for tail too
-        'if [ "$size" -gt 0 ] && [ -n "$(tail -c +"$size" -- "$f" | head -c 1)" ]; '
-        "then total=$((total + 1)); fi; "
-        f"offset=$((total > {n} ? total - {n} : 0)); "
-        'echo "#fleet size=$size offset=$offset"; '
-    )
+        return check + "; " + _HEADER_ALL
+    return check + "; " + shell.script(_HEADER_TAIL, tail=int(tail))
 
-
-_SNAPSHOT = 'head -c "$size" -- "$f"'  # the file as it was when the header was printed
 
 # Keep the first H lines (at most HB bytes) and the last T lines (at most TB bytes) of the
 # candidate output; the middle is dropped and counted in a ``#fleet dropped=N`` line. The
 # tail is a ring indexed by line number, so memory on the host stays bounded too.
-_CAP = (
-    "awk -v H={h} -v T={t} -v HB={hb} -v TB={tb} '"
-    "!c && NR<=H && hb+length($0)+1<=HB {{print; hb+=length($0)+1; next}} "
-    "!c {{c=1; s=NR; first=NR}} "
-    "{{b[NR]=$0; tb+=length($0)+1; "
-    "while (s<NR && (NR-s+1>T || tb>TB)) {{tb-=length(b[s])+1; delete b[s]; s++}}}} "
-    'END{{if(c){{if(s>first) print "#fleet dropped=" (s-first); '
-    "for(i=s;i<=NR;i++) print b[i]}}}}'"
+_CAP = Raw(
+    "awk -v H=$H -v T=$TL -v HB=$HB -v TB=$TB '"
+    "!c && NR<=H && hb+length($0)+1<=HB {print; hb+=length($0)+1; next} "
+    "!c {c=1; s=NR; first=NR} "
+    "{b[NR]=$0; tb+=length($0)+1; "
+    "while (s<NR && (NR-s+1>T || tb>TB)) {tb-=length(b[s])+1; delete b[s]; s++}} "
+    'END{if(c){if(s>first) print "#fleet dropped=" (s-first); '
+    "for(i=s;i<=NR;i++) print b[i]}}'"
+)
+_GREP = (
+    "H={{h}}; TL={{t}}; HB={{hb}}; TB={{tb}}; "
+    "{{source}} | cut -c1-{{max_line}} | {{cap}} | head -c {{hard}}"
+)
+_GREP_ARGS = "grep -a -n -E -B{{window}} -A{{window}} -e {{ere}}"
+_FROM_FILE = '$T {{grep}} -- "$f"'
+_FROM_TAIL = 'head -c "$size" -- "$f" | tail -n {{tail}} | $T {{grep}}'
+_TAIL = 'head -c "$size" -- "$f" | tail -n {{lines}}'
+# The follow ends when fleet closes the connection: fleet keeps the command's stdin open,
+# and the foreground ``cat`` returns at its end (EOF), then stops the ``tail -F``.
+_FOLLOW = (
+    'head -c "$size" -- "$f" | tail -n {{lines}}; '
+    '( exec tail -c +$((size + 1)) -F -- "$f" 2>/dev/null ) & t=$!; '
+    'cat >/dev/null; kill "$t" 2>/dev/null'
 )
 
 
@@ -124,41 +149,39 @@ def grep_command(
     catalogue: CompiledCatalogue | None = None,
     head_bytes: int = HEAD_BYTES,
     tail_bytes: int = TAIL_BYTES,
-) -> str:
+) -> shell.Command:
     """The one remote command that returns the candidate lines of ``path`` (numbered).
 
     Its output is at most ``head_bytes + tail_bytes`` (plus a header), whatever the log."""
-    qpath = shell_path(path)
-    ere = shlex.quote(prefilter_regex(catalogue))
-    grep = f"grep -a -n -E -B{int(window)} -A{int(window)} -e {ere}"
-    source = f"{_SNAPSHOT} | tail -n {int(tail)} | {grep}" if tail is not None else (
-        f'{grep} -- "$f"'
-    )
-    cap = _CAP.format(h=HEAD_LINES, t=TAIL_LINES, hb=int(head_bytes), tb=int(tail_bytes))
-    hard = output_cap(head_bytes, tail_bytes)
+    grep = Raw(shell.script(_GREP_ARGS, window=int(window), ere=prefilter_regex(catalogue)))
+    if tail is not None:
+        source = shell.script(_FROM_TAIL, tail=int(tail), grep=grep)
+    else:
+        source = shell.script(_FROM_FILE, grep=grep)
     # cut: a pathological multi-GiB line must not cross the network whole
-    script = (
-        _header(qpath, tail)
-        + f"{source} | cut -c1-{MAX_LINE_BYTES} | {cap} | head -c {hard}"
+    body = shell.script(
+        _GREP,
+        h=HEAD_LINES,
+        t=TAIL_LINES,
+        hb=int(head_bytes),
+        tb=int(tail_bytes),
+        source=Raw(source),
+        max_line=MAX_LINE_BYTES,
+        cap=_CAP,
+        hard=output_cap(head_bytes, tail_bytes),
     )
-    return sh_command(script)
+    return shell.sh(_header(path, tail) + "; " + body)
 
 
-def tail_command(path: str, lines: int) -> str:
+def tail_command(path: str, lines: int) -> shell.Command:
     """Plain ``tail`` with the same header (for showing a log without diagnosing)."""
-    qpath = shell_path(path)
-    return sh_command(_header(qpath, lines) + f"{_SNAPSHOT} | tail -n {int(lines)}")
+    return shell.sh(_header(path, lines) + "; " + shell.script(_TAIL, lines=int(lines)))
 
 
-def follow_command(path: str, lines: int) -> str:
+def follow_command(path: str, lines: int) -> shell.Command:
     """The last ``lines`` lines of the snapshot, then ``tail -F`` from the byte after it
     (nothing is shown twice or skipped, and the header's offset numbers every line)."""
-    qpath = shell_path(path)
-    return sh_command(
-        _header(qpath, lines)
-        + f"{_SNAPSHOT} | tail -n {int(lines)}; "
-        + 'exec tail -c +$((size + 1)) -F -- "$f" 2>/dev/null'
-    )
+    return shell.sh(_header(path, lines) + "; " + shell.script(_FOLLOW, lines=int(lines)))
 
 
 _GREP_LINE = re.compile(r"(\d+)[:-](.*)", re.DOTALL)
@@ -207,6 +230,24 @@ def parse_numbered(lines: Iterable[str], header: Header | None = None) -> Iterat
         yield hdr.offset + n, line
 
 
+def tail_lines(
+    conn: Runner, path: str, lines: int, *, timeout: float = 120.0
+) -> list[tuple[int, str]]:
+    """The last ``lines`` lines of ``path`` on the host, numbered, secrets masked."""
+    res = conn.run(tail_command(path, lines), timeout=timeout)
+    if res.exit_code in (EXIT_NO_FILE, EXIT_NOT_REGULAR) or not res.ok:
+        msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "tail failed"
+        raise OperationFailed(
+            f"{conn.host.name}: {msg}",
+            hint="check the profile name or --path",
+            code="log-not-found",
+        )
+    text = res.stdout.split("\n")
+    if text and text[-1] == "":
+        text.pop()
+    return [(n, redact_text(t)) for n, t in parse_numbered(text, Header())]
+
+
 @dataclass
 class RemoteDiagnosis:
     host: str
@@ -223,10 +264,38 @@ class RemoteDiagnosis:
     def fraction(self) -> float:
         return self.bytes_received / self.file_size if self.file_size else 0.0
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "diagnoses": [d.as_contract() for d in self.diagnoses],
+            "bytes_received": self.bytes_received,
+            "file_size": self.file_size,
+            "candidate_lines": self.candidate_lines,
+            "truncated": self.truncated,
+            "notes": self.notes,
+        }
 
-def _missing(conn: HostConnection, path: str, stderr: str) -> OperationFailed:
+
+def rank_across_hosts(
+    per_host: Sequence[tuple[str, Sequence[Diagnosis]]],
+) -> list[dict[str, Any]]:
+    """Every host's diagnoses in one ranked list, each with its ``host``: every host's
+    primary cause first, then the others; within each, by severity, then by the engine's
+    rank on its host, then by host order."""
+    ranked: list[tuple[tuple[bool, int, int, int], dict[str, Any]]] = []
+    for h, (host, diagnoses) in enumerate(per_host):
+        for i, d in enumerate(diagnoses):
+            key = (i > 0, SEVERITY_ORDER.get(d.severity, 9), i, h)
+            ranked.append((key, {"host": host, **d.as_contract()}))
+    ranked.sort(key=lambda item: item[0])
+    return [entry for _key, entry in ranked]
+
+
+def _missing(conn: Runner, path: str, stderr: str) -> OperationFailed:
     msg = stderr.strip().splitlines()[-1] if stderr.strip() else f"cannot read {path}"
-    return OperationFailed(f"{conn.host.name}: {msg}", hint="check the profile name or --path")
+    return OperationFailed(
+        f"{conn.host.name}: {msg}", hint="check the profile name or --path", code="log-not-found"
+    )
 
 
 def _mib(n: int) -> str:
@@ -234,7 +303,7 @@ def _mib(n: int) -> str:
 
 
 def diagnose_remote(
-    conn: HostConnection,
+    conn: Runner,
     path: str,
     *,
     tail: int | None = None,
@@ -249,7 +318,7 @@ def diagnose_remote(
         path, tail=tail, catalogue=cat, head_bytes=head_bytes, tail_bytes=tail_bytes
     )
     res = conn.run(command, timeout=timeout)
-    if res.exit_code == EXIT_NO_FILE:
+    if res.exit_code in (EXIT_NO_FILE, EXIT_NOT_REGULAR):
         raise _missing(conn, path, res.stderr)
     if not res.ok:
         raise OperationFailed(
@@ -288,17 +357,16 @@ def diagnose_remote(
     return out
 
 
+_SS = "ss -H -ltnp {{filter}} 2>/dev/null || true"
 _SS_USER = re.compile(r'users:\(\("(?P<comm>[^"]+)",pid=(?P<pid>\d+)')
 
 
-def port_holder(conn: HostConnection, port: str) -> tuple[str, str] | None:
+def port_holder(conn: Runner, port: str) -> tuple[str, str] | None:
     """(command, pid) of the process listening on ``port`` on the host, when visible."""
-    if not port.isdigit():
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         return None
     try:
-        res = conn.run(
-            sh_command(f"ss -H -ltnp 'sport = :{int(port)}' 2>/dev/null || true"), timeout=20.0
-        )
+        res = conn.run(shell.sh(shell.script(_SS, filter=f"sport = :{int(port)}")), timeout=20.0)
     except OperationFailed:
         return None
     m = _SS_USER.search(res.stdout)
@@ -306,7 +374,7 @@ def port_holder(conn: HostConnection, port: str) -> tuple[str, str] | None:
 
 
 def enrich(
-    conn: HostConnection, diagnoses: list[Diagnosis], catalogue: CompiledCatalogue | None = None
+    conn: Runner, diagnoses: list[Diagnosis], catalogue: CompiledCatalogue | None = None
 ) -> list[Diagnosis]:
     """Add what only the live host can tell (the process holding a port in use)."""
     out: list[Diagnosis] = []
@@ -314,14 +382,15 @@ def enrich(
         if d.id == "port-in-use" and d.values.get("port"):
             holder = port_holder(conn, d.values["port"])
             if holder is not None:
-                d = with_values(d, catalogue, holder=f"{holder[0]} (pid {holder[1]})",
-                                holder_pid=holder[1])
+                d = with_values(
+                    d, catalogue, holder=f"{holder[0]} (pid {holder[1]})", holder_pid=holder[1]
+                )
         out.append(d)
     return out
 
 
 def follow(
-    conn: HostConnection,
+    conn: Runner,
     path: str,
     *,
     lines: int = 10,

@@ -193,6 +193,9 @@ def _tail_offset(path: str | Path, lines: int) -> tuple[int, int]:
     return 0, 1
 
 
+tail_offset = _tail_offset  # the public name (``fleet logs --file --tail``)
+
+
 def diagnose_file(
     path: str | Path,
     *,

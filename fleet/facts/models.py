@@ -8,15 +8,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-EAGLE3_CLASSES: tuple[str, ...] = (
-    "DeepseekV2ForCausalLM",
-    "DeepseekV3ForCausalLM",
-    "KimiK25ForConditionalGeneration",
-)
-"""The model classes whose EAGLE-3 support ``fleet inspect`` reports."""
-
-ALLOWLIST_MODEL_TYPES: tuple[str, ...] = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
-"""``hf_text_config.model_type`` values checked against the config-time EAGLE-3 allowlist."""
+# the model classes fleet inspect reports, and the model types checked against the
+# config-time allowlist (defined with the on-host judgement that uses them)
+from fleet.onhost.vllm_tree import ALLOWLIST_MODEL_TYPES as ALLOWLIST_MODEL_TYPES
+from fleet.onhost.vllm_tree import EAGLE3_CLASSES as EAGLE3_CLASSES
 
 
 class GpuInfo(BaseModel):

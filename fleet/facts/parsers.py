@@ -7,14 +7,12 @@ outputs (tests/fixtures/facts/).
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from typing import Any
 
 from fleet.errors import OperationFailed
 from fleet.facts.models import (
-    ALLOWLIST_MODEL_TYPES,
     EAGLE3_CLASSES,
     DiskUsage,
     Eagle3Allowlist,
@@ -25,54 +23,19 @@ from fleet.facts.models import (
     VllmFacts,
     VllmServer,
 )
+from fleet.onhost import vllm_tree
 from fleet.redact import redact_argv, redact_text
 
-SCHEMA = 1
-BEGIN = "----- fleet-facts begin -----"
-END = "----- fleet-facts end -----"
-
-EAGLE3_INTERFACE = "SupportsEagle3"
-AUX_LAYERS_METHOD = "set_aux_hidden_state_layers"
 NOT_AVAILABLE = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]"}
 
 
 class FactsError(OperationFailed):
-    """The facts script's output could not be understood (exit 1 for that host)."""
-
-
-# -- the document -----------------------------------------------------------------------
-
-
-def extract_document(stdout: str) -> dict[str, Any]:
-    """The JSON document between the marker lines (anything around them is ignored)."""
-    lines = stdout.splitlines()
-    try:
-        start = lines.index(BEGIN)
-        end = lines.index(END, start + 1)
-    except ValueError:
-        tail = stdout.strip().splitlines()[-1:] or ["no output"]
-        raise FactsError(f"facts script printed no facts document: {tail[0][:200]}") from None
-    body = "\n".join(lines[start + 1 : end])
-    try:
-        doc = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise FactsError(f"facts document is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("parts"), dict):
-        raise FactsError("facts document has no 'parts' object")
-    if doc.get("schema") != SCHEMA:
-        raise FactsError(
-            f"facts document schema {doc.get('schema')!r} not understood (expected {SCHEMA})"
-        )
-    return doc
-
-
-def parse_facts_output(stdout: str) -> HostFacts:
-    """The facts script's whole stdout -> HostFacts."""
-    return parse_facts(extract_document(stdout))
+    """Host output that cannot be understood (exit 1 for that host)."""
 
 
 def parse_facts(doc: dict[str, Any]) -> HostFacts:
-    """The decoded facts document -> HostFacts. A failed part lands in ``errors``."""
+    """The facts script's answer (``{"parts": ...}``) -> HostFacts. A failed part lands in
+    ``errors``."""
     parts: dict[str, Any] = doc["parts"]
     errors: dict[str, str] = {}
 
@@ -149,90 +112,24 @@ def parse_vllm(vllm: Any, models: Any, allowlist: Any) -> VllmFacts:
 
 
 def find_eagle3_class(files: dict[str, Any], name: str) -> Eagle3ClassInfo | None:
-    """Look ``name`` up in every parsed file; judge it within the file that defines it."""
-    for rel, entry in sorted(files.items()):
-        classes = entry.get("classes") if isinstance(entry, dict) else None
-        if isinstance(classes, dict) and name in classes:
-            return eagle3_support(classes, name, rel)
-    return None
-
-
-def _short_name(base: str) -> str:
-    return base.rsplit(".", 1)[-1]
+    """Look ``name`` up in every parsed file; judge it within the file that defines it
+    (the same judgement the on-host scripts make: :mod:`fleet.onhost.vllm_tree`)."""
+    found = vllm_tree.find_class(files, name)
+    return None if found is None else Eagle3ClassInfo.model_validate(found)
 
 
 def eagle3_support(classes: dict[str, Any], name: str, file: str = "") -> Eagle3ClassInfo:
     """Does ``name`` list SupportsEagle3 among its bases, directly or through a base class
     defined in the same file? (``interfaces.SupportsEagle3`` counts as the interface.)"""
-
-    def bases_of(cls: str) -> list[str]:
-        return [str(b) for b in classes.get(cls, {}).get("bases") or []]
-
-    def search(cls: str, path: list[str], seen: set[str]) -> list[str] | None:
-        if cls in seen:
-            return None
-        seen.add(cls)
-        path = [*path, cls]
-        bases = bases_of(cls)
-        if any(_short_name(b) == EAGLE3_INTERFACE for b in bases):
-            return path
-        for base in bases:
-            if "." not in base and base in classes:  # only bases defined in this file
-                found = search(base, path, seen)
-                if found:
-                    return found
-        return None
-
-    def in_file_ancestry(cls: str, seen: set[str]) -> list[str]:
-        if cls in seen or cls not in classes:
-            return []
-        seen.add(cls)
-        out = [cls]
-        for base in bases_of(cls):
-            if "." not in base:
-                out += in_file_ancestry(base, seen)
-        return out
-
-    chain = search(name, [], set())
-    ancestry = in_file_ancestry(name, set())
-    forwards = any(
-        AUX_LAYERS_METHOD in (classes[c].get("methods") or []) for c in ancestry
-    )
-    raw = classes[name]
-    return Eagle3ClassInfo(
-        file=file,
-        line=int(raw.get("line") or 0),
-        supported=chain is not None,
-        via=chain or [],
-        bases=bases_of(name),
-        methods=[str(m) for m in raw.get("methods") or []],
-        forwards_aux_hidden_state_layers=forwards,
-    )
+    return Eagle3ClassInfo.model_validate(vllm_tree.eagle3_support(classes, name, file))
 
 
 def parse_allowlist(raw: dict[str, Any]) -> Eagle3Allowlist:
     """vLLM matches ``any(entry in hf_text_config.model_type for entry in allowlist)``."""
-    found = [f for f in raw.get("found") or [] if isinstance(f, dict)]
-    if not found:
-        return Eagle3Allowlist(
-            present=False,
-            admits={t: True for t in ALLOWLIST_MODEL_TYPES},
-            deepseek=True,
-            kimi=True,
-        )
-    chosen = next((f for f in found if f.get("entries") is not None), found[0])
-    entries = chosen.get("entries")
-    admits = {
-        t: bool(entries) and any(str(e) in t for e in entries or [])
-        for t in ALLOWLIST_MODEL_TYPES
-    }
+    judged = vllm_tree.judge_allowlist(raw)
+    admits: dict[str, bool] = judged["admits"]
     return Eagle3Allowlist(
-        present=True,
-        file=chosen.get("file"),
-        name=chosen.get("name"),
-        line=chosen.get("line"),
-        entries=[str(e) for e in entries] if entries is not None else None,
-        admits=admits,
+        **judged,
         deepseek=any(v for t, v in admits.items() if t.startswith("deepseek")),
         kimi=any(v for t, v in admits.items() if t.startswith("kimi")),
     )
@@ -319,12 +216,10 @@ def driver_of(gpus: list[GpuInfo]) -> str | None:
 
 
 def gpu_summary(gpus: list[GpuInfo]) -> str:
-    """"8 × NVIDIA B200 (179 GiB)"; mixed models are joined with " + "."""
+    """ "8 × NVIDIA B200 (179 GiB)"; mixed models are joined with " + "."""
     if not gpus:
         return "no GPUs"
-    groups: Counter[tuple[str, int | None]] = Counter(
-        (g.name, g.memory_total_mib) for g in gpus
-    )
+    groups: Counter[tuple[str, int | None]] = Counter((g.name, g.memory_total_mib) for g in gpus)
     parts = []
     for (name, mib), count in groups.items():
         size = f" ({mib / 1024:.0f} GiB)" if mib else ""

@@ -1,97 +1,71 @@
-"""The remote side of ``fleet patch``: one command per operation, one round trip each.
+"""The remote side of ``fleet patch``: one on-host call per operation, one round trip each.
 
-The script ``remote_patch.py`` (a package resource, Python 3.8+, stdlib only) is sent on
-stdin to the host's own interpreter (``HostSpec.python``) as ``sh -c 'exec PY -'``, the
-interpreter written as by ``fleet inspect`` (a leading ``~/`` is the host's home); the request is
-appended to it as one base64 literal, and the answer comes back as one base64 JSON
-document between marker lines. See that script for the write protocol (sha256 guard,
-backups and manifest first, temp + fsync + rename, py_compile, restore on failure).
+The on-host script is ``fleet/onhost/patch.py`` (run by :func:`fleet.onhost.runner.run_onhost`
+with the host's own interpreter); see it for the write protocol (sha256 guard, backups and
+manifest first, temp + fsync + rename, py_compile, restore on failure). The answers are
+validated here with pydantic models.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import os
-import zlib
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from fleet.errors import OperationFailed
-from fleet.facts.gather import EXIT_COMMAND_NOT_FOUND, EXIT_NOT_EXECUTABLE, python_word
-from fleet.source import sh_command
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet.onhost.runner import run_onhost
 
 if TYPE_CHECKING:
-    from fleet.transport import HostConnection
+    from fleet.transport import Runner
 
-BEGIN = "----- fleet-patch begin -----"
-END = "----- fleet-patch end -----"
 BACKUP_ROOT = "~/.fleet/patches"
 FETCH_TIMEOUT = 120.0
 WRITE_TIMEOUT = 300.0
 # Tests only: fleet copies this LOCAL variable into each write request ("fault"); the
-# script honours the request alone, never the host's environment (see remote_patch.py).
+# script honours the request alone, never the host's environment (see onhost/patch.py).
 FAULT_ENV = "FLEET_PATCH_FAULT"
+SCRIPT = "patch"
 
 
-@lru_cache(maxsize=1)
-def script_text() -> str:
-    return resources.files("fleet.patching").joinpath("remote_patch.py").read_text("utf-8")
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
 
 
-def encode_request(request: dict[str, Any]) -> str:
-    raw = json.dumps(request, separators=(",", ":")).encode("utf-8")
-    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+class FileAnswer(_Answer):
+    exists: bool
+    sha256: str | None = None
+    text: str | None = None
+    error: str | None = None
 
 
-def script_with_request(request: dict[str, Any]) -> bytes:
-    """The script plus its one call: ``raise SystemExit(main("<base64>"))``."""
-    call = f"\nraise SystemExit(main({encode_request(request)!r}))\n"
-    return (script_text() + call).encode("utf-8")
+class FetchAnswer(_Answer):
+    package_dir: str
+    version: str
+    python: str
+    python_version: str
+    backup_dir: str
+    files: dict[str, FileAnswer]
+    backup_manifest: dict[str, Any] | None = None
+    backups: dict[str, str] = Field(default_factory=dict)
 
 
-def decode_answer(host: str, stdout: str, exit_code: int, stderr: str) -> dict[str, Any]:
-    """The JSON answer between the markers; a missing one means the script died."""
-    start = stdout.find(BEGIN)
-    end = stdout.find(END, start + 1) if start >= 0 else -1
-    if start < 0 or end < 0:
-        tail = (stderr.strip().splitlines() or ["no output"])[-1]
-        raise OperationFailed(
-            f"{host}: the patch script ended without an answer (exit {exit_code}): {tail}"
-        )
-    payload = stdout[start + len(BEGIN) : end].strip()
-    try:
-        doc = json.loads(zlib.decompress(base64.b64decode(payload)).decode("utf-8"))
-    except (ValueError, zlib.error) as exc:
-        raise OperationFailed(f"{host}: unreadable answer from the patch script: {exc}") from None
-    if "refused" in doc:
-        raise OperationFailed(f"{host}: {doc['refused']}")
-    if "error" in doc:
-        raise OperationFailed(f"{host}: the patch script failed: {doc['error']}")
-    result = doc.get("result")
-    if not isinstance(result, dict):
-        raise OperationFailed(f"{host}: the patch script gave no result")
-    return result
+class ApplyAnswer(_Answer):
+    ok: bool
+    written: list[str] = Field(default_factory=list)
+    conflicts: list[dict[str, Any]] = Field(default_factory=list)
+    compile_errors: list[dict[str, str]] = Field(default_factory=list)
+    write_error: str | None = None
+    restored: bool | None = None
+    restore_errors: list[dict[str, str]] = Field(default_factory=list)
+    backup_dir: str | None = None
+    pycache_removed: dict[str, list[str]] = Field(default_factory=dict)
 
 
-def patch_command(python: str) -> str:
-    """``PY -`` run by ``sh`` whatever the login shell is, ``PY`` as ``fleet inspect`` and
-    ``fleet source`` write it (quoted; a leading ``~/`` expanded on the host)."""
-    return sh_command(f"exec {python_word(python)} -")
-
-
-def run_op(conn: HostConnection, request: dict[str, Any], *, timeout: float) -> dict[str, Any]:
-    python = conn.host.python or "python3"
-    res = conn.run(patch_command(python), stdin=script_with_request(request), timeout=timeout)
-    if res.exit_code in (EXIT_NOT_EXECUTABLE, EXIT_COMMAND_NOT_FOUND) and BEGIN not in res.stdout:
-        problem = "not found" if res.exit_code == EXIT_COMMAND_NOT_FOUND else "not executable"
-        raise OperationFailed(
-            f"{conn.host.name}: python interpreter {python!r} {problem} on the host",
-            hint="set the host's 'python' in the inventory to the vLLM environment's python",
-        )
-    return decode_answer(conn.host.name, res.stdout, res.exit_code, res.stderr)
+class RevertAnswer(_Answer):
+    ok: bool
+    files: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    note: str | None = None
 
 
 @dataclass
@@ -121,15 +95,16 @@ class Fetched:
 
 
 def fetch(
-    conn: HostConnection,
+    conn: Runner,
     patch_set: str,
     paths: list[str],
     *,
     with_backups: bool = False,
     backup_root: str = BACKUP_ROOT,
 ) -> Fetched:
-    result = run_op(
+    answer = run_onhost(
         conn,
+        SCRIPT,
         {
             "op": "fetch",
             "patch_set": patch_set,
@@ -137,21 +112,19 @@ def fetch(
             "backup_root": backup_root,
             "with_backups": with_backups,
         },
+        FetchAnswer,
         timeout=FETCH_TIMEOUT,
     )
-    files = {
-        p: RemoteFile(p, bool(f.get("exists")), f.get("text"), f.get("sha256"), f.get("error"))
-        for p, f in result["files"].items()
-    }
+    files = {p: RemoteFile(p, f.exists, f.text, f.sha256, f.error) for p, f in answer.files.items()}
     return Fetched(
-        vllm_version=result["version"],
-        package_dir=result["package_dir"],
-        python=result["python"],
-        python_version=result["python_version"],
-        backup_dir=result["backup_dir"],
+        vllm_version=answer.version,
+        package_dir=answer.package_dir,
+        python=answer.python,
+        python_version=answer.python_version,
+        backup_dir=answer.backup_dir,
         files=files,
-        backup_manifest=result.get("backup_manifest"),
-        backups=result.get("backups") or {},
+        backup_manifest=answer.backup_manifest,
+        backups=answer.backups,
     )
 
 
@@ -160,16 +133,17 @@ def _fault() -> str | None:
 
 
 def apply(
-    conn: HostConnection,
+    conn: Runner,
     fetched: Fetched,
     patch_set: str,
     items: list[dict[str, str]],
     *,
     backup_root: str = BACKUP_ROOT,
-) -> dict[str, Any]:
+) -> ApplyAnswer:
     """Write ``items`` (path, sha256_before, text_after, sha256_after): all or none."""
-    return run_op(
+    return run_onhost(
         conn,
+        SCRIPT,
         {
             "op": "apply",
             "patch_set": patch_set,
@@ -179,21 +153,23 @@ def apply(
             "version": fetched.vllm_version,
             "fault": _fault(),
         },
+        ApplyAnswer,
         timeout=WRITE_TIMEOUT,
     )
 
 
 def revert(
-    conn: HostConnection,
+    conn: Runner,
     fetched: Fetched,
     patch_set: str,
     *,
     force: bool,
     check: bool,
     backup_root: str = BACKUP_ROOT,
-) -> dict[str, Any]:
-    return run_op(
+) -> RevertAnswer:
+    return run_onhost(
         conn,
+        SCRIPT,
         {
             "op": "revert",
             "patch_set": patch_set,
@@ -204,5 +180,6 @@ def revert(
             "version": fetched.vllm_version,
             "fault": _fault(),
         },
+        RevertAnswer,
         timeout=WRITE_TIMEOUT,
     )

@@ -25,11 +25,23 @@ from fleet.patching.engine import (
     unified_diff,
 )
 from fleet.patching.manifest import PatchSet
+from fleet.transport.outcome import Verdict
 
 if TYPE_CHECKING:
-    from fleet.transport import HostConnection
+    from fleet.transport import Runner
 
 Mode = Literal["apply", "check", "revert", "revert-check"]
+
+# Worst first: the status that sums up a host is the first of these that any file has.
+HOST_STATUS_ORDER: tuple[Status, ...] = (
+    "conflict",
+    "would-apply",
+    "would-revert",
+    "applied",
+    "reverted",
+    "already-applied",
+    "not-needed",
+)
 
 
 @dataclass
@@ -77,6 +89,20 @@ class HostReport:
     @property
     def changed(self) -> bool:
         return any(f.status in ("applied", "reverted") for f in self.files)
+
+    @property
+    def status(self) -> Status:
+        """One word for the host: its worst file status (``not-needed`` when every file
+        is)."""
+        seen = {f.status for f in self.files}
+        return next((s for s in HOST_STATUS_ORDER if s in seen), "not-needed")
+
+    def outcome(self) -> Verdict:
+        """failed/patch-conflict when nothing could be written, changed when a file was
+        written or restored, else ok."""
+        if not self.ok:
+            return Verdict("failed", "patch-conflict", self.message or "conflict")
+        return Verdict("changed" if self.changed else "ok")
 
     def to_json(self, with_diff: bool = False) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -140,7 +166,7 @@ def _undecodable(fetched: remote.Fetched, plan: HostPlan) -> None:
 
 
 def apply_host(
-    conn: HostConnection,
+    conn: Runner,
     patch_set: PatchSet,
     *,
     check: bool = False,
@@ -178,30 +204,30 @@ def apply_host(
 
     items = plan.write_items()
     result = remote.apply(conn, fetched, patch_set.name, items, backup_root=backup_root)
-    if result.get("write_error"):
+    if result.write_error:
         raise write_failed(conn.host.name, result)
     by_path = {r.path: r for r in report.files}
-    if result.get("ok"):
-        report.backup_dir = result.get("backup_dir") or fetched.backup_dir
-        for path in result.get("written", []):
+    if result.ok:
+        report.backup_dir = result.backup_dir or fetched.backup_dir
+        for path in result.written:
             by_path[path].status = "applied"
         return report
     report.ok = False
-    for c in result.get("conflicts", []):
+    for c in result.conflicts:
         r = by_path[c["path"]]
         r.status = "conflict"
         r.conflict = Conflict(c["path"], "the file changed on the host while it was patched")
         r.sha256_after = r.sha256_before
-    for e in result.get("compile_errors", []):
+    for e in result.compile_errors:
         r = by_path[e["path"]]
         r.status = "conflict"
         r.conflict = Conflict(e["path"], f"py_compile failed on the host: {e['error']}")
     for r in report.files:
         if r.status == "would-apply":
             r.sha256_after = r.sha256_before  # not written
-    if result.get("restore_errors"):
+    if result.restore_errors:
         raise write_failed(conn.host.name, result)
-    what = "the originals were restored" if result.get("restored") else "nothing written"
+    what = "the originals were restored" if result.restored else "nothing written"
     report.message = (
         "; ".join(r.conflict.describe() for r in report.files if r.conflict is not None)
         + f" ({what})"
@@ -209,27 +235,29 @@ def apply_host(
     return report
 
 
-def write_failed(host: str, result: dict[str, Any]) -> OperationFailed:
+def write_failed(host: str, result: remote.ApplyAnswer) -> OperationFailed:
     """The one-line failure of an apply the host had to undo (or could not fully undo)."""
-    why = result.get("write_error") or "; ".join(
-        f"{e['path']}: py_compile failed: {e['error']}" for e in result.get("compile_errors", [])
+    why = result.write_error or "; ".join(
+        f"{e['path']}: py_compile failed: {e['error']}" for e in result.compile_errors
     )
-    unrestored = result.get("restore_errors") or []
+    unrestored = result.restore_errors
     if not unrestored:
         return OperationFailed(
             f"{host}: writing the patch failed ({why}); every file was put back as it was, "
-            "nothing is patched"
+            "nothing is patched",
+            code="patch-write-failed",
         )
     names = ", ".join(f"{e['path']} ({e['error']})" for e in unrestored)
     return OperationFailed(
         f"{host}: writing the patch failed ({why}) and could not restore {names}; "
-        f"the originals are kept in {result.get('backup_dir')}",
+        f"the originals are kept in {result.backup_dir}",
         hint="fix the cause on the host, then run 'fleet patch --revert' on it",
+        code="patch-write-failed",
     )
 
 
 def revert_host(
-    conn: HostConnection,
+    conn: Runner,
     patch_set: PatchSet,
     *,
     force: bool = False,
@@ -250,14 +278,14 @@ def revert_host(
         check=check or with_diff,
         backup_root=backup_root,
     )
-    done: dict[str, dict[str, Any]] = result.get("files", {})
+    done: dict[str, dict[str, Any]] = result.files
     files: list[FileReport] = []
     for path in [*paths, *sorted(set(done) - set(paths))]:
         rf = fetched.files.get(path)
         current = rf.sha256 if rf is not None and rf.exists else None
         entry = done.get(path)
         if entry is None:
-            note = result.get("note") or "not patched by fleet on this host"
+            note = result.note or "not patched by fleet on this host"
             files.append(FileReport(path, "not-needed", current, current, note=note))
             continue
         status: Status = entry["status"]
@@ -273,7 +301,7 @@ def revert_host(
             original = fetched.backups.get(path)
             report_file.diff = unified_diff(path, rf.text, original) if original else ""
         files.append(report_file)
-    ok = bool(result.get("ok"))
+    ok = result.ok
     report = HostReport(
         host=conn.host.name,
         patch_set=patch_set.name,

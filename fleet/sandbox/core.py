@@ -213,8 +213,7 @@ class Sandbox:
             assigned = model.assign_versions(hosts, versions)
             with reserved_ports(model.ADDRESS, hosts) as ports:
                 planned = [
-                    impl.plan_host(n, v, p)
-                    for n, v, p in zip(names, assigned, ports, strict=True)
+                    impl.plan_host(n, v, p) for n, v, p in zip(names, assigned, ports, strict=True)
                 ]
             state = model.SandboxState(
                 backend=kind,

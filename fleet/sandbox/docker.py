@@ -37,9 +37,7 @@ def docker_dir() -> Path:
     """``tests/docker`` of this checkout (the Dockerfile and the sshd_config snippet)."""
     here = Path(__file__).resolve().parents[2] / "tests" / "docker"
     if not (here / "Dockerfile").is_file():
-        raise UsageError(
-            f"the docker backend needs a fleet checkout ({here}/Dockerfile not found)"
-        )
+        raise UsageError(f"the docker backend needs a fleet checkout ({here}/Dockerfile not found)")
     return here
 
 
@@ -125,8 +123,16 @@ class DockerBackend:
             return tag
         with tempfile.TemporaryDirectory(prefix="fleet-docker-") as tmp:
             context = stage_context(Path(tmp) / "context", tree)
-            _docker("build", "--quiet", "--build-arg", f"VLLM_VERSION={version}",
-                    "-t", tag, str(context), timeout=1800)
+            _docker(
+                "build",
+                "--quiet",
+                "--build-arg",
+                f"VLLM_VERSION={version}",
+                "-t",
+                tag,
+                str(context),
+                timeout=1800,
+            )
         self._built.add(version)
         return tag
 
@@ -149,8 +155,13 @@ class DockerBackend:
     def _create(self, host: model.SandboxHost, port: int) -> str:
         hdir = self.host_dir(host.name)
         cid = _docker(
-            "create", "--init", "-p", f"{host.address}:{port}:22",
-            "--hostname", host.name, image_tag(host.vllm),
+            "create",
+            "--init",
+            "-p",
+            f"{host.address}:{port}:22",
+            "--hostname",
+            host.name,
+            image_tag(host.vllm),
         ).stdout.strip()
         write_text_atomic(hdir / "container", cid + "\n")
         self._copy_keys(host, cid)
@@ -160,8 +171,9 @@ class DockerBackend:
     def _copy_keys(self, host: model.SandboxHost, cid: str) -> None:
         hdir = self.host_dir(host.name)
         _docker("cp", str(hdir / "ssh_host_ed25519_key"), f"{cid}:/etc/ssh/ssh_host_ed25519_key")
-        _docker("cp", str(hdir / "ssh_host_ed25519_key.pub"),
-                f"{cid}:/etc/ssh/ssh_host_ed25519_key.pub")
+        _docker(
+            "cp", str(hdir / "ssh_host_ed25519_key.pub"), f"{cid}:/etc/ssh/ssh_host_ed25519_key.pub"
+        )
         _docker("cp", str(hdir / "authorized_keys"), f"{cid}:{HOME}/.ssh/authorized_keys")
 
     def public_key(self, host: model.SandboxHost) -> str:

@@ -91,9 +91,12 @@ def generate_keypair(path: Path, comment: str) -> str:
         serialization.PrivateFormat.OpenSSH,
         serialization.NoEncryption(),
     )
-    public = key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-    ).decode() + f" {comment}"
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+        + f" {comment}"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
@@ -227,8 +230,15 @@ class LocalBackend:
         hdir = self.host_dir(host.name)
         sftp = find_sftp_server(self.sshd)
         path = ":".join(
-            [str(Path(host.home) / "bin"), "/usr/local/sbin", "/usr/local/bin", "/usr/sbin",
-             "/usr/bin", "/sbin", "/bin"]
+            [
+                str(Path(host.home) / "bin"),
+                "/usr/local/sbin",
+                "/usr/local/bin",
+                "/usr/sbin",
+                "/usr/bin",
+                "/sbin",
+                "/bin",
+            ]
         )
         text = model.render_sshd_config(
             port=port,
@@ -400,7 +410,7 @@ def install_nvidia_smi(home: Path, *, python: str) -> Path:
     write_text_atomic(
         launcher,
         "#!/bin/sh\n# fleet sandbox stand-in for NVIDIA's nvidia-smi (8 x NVIDIA B200)\n"
-        f"exec {shlex.quote(python)} {shlex.quote(str(script))} \"$@\"\n",
+        f'exec {shlex.quote(python)} {shlex.quote(str(script))} "$@"\n',
         mode=0o755,
     )
     return launcher

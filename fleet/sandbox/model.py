@@ -112,8 +112,12 @@ def group_name(version: str) -> str:
 
 
 def site_packages(env: str, python_version: tuple[int, int]) -> str:
-    return str(PurePosixPath(env) / "lib" / f"python{python_version[0]}.{python_version[1]}"
-               / "site-packages")
+    return str(
+        PurePosixPath(env)
+        / "lib"
+        / f"python{python_version[0]}.{python_version[1]}"
+        / "site-packages"
+    )
 
 
 def _q(value: str) -> str:
@@ -200,9 +204,7 @@ def known_hosts_line(address: str, port: int, public_key: str) -> str:
     return f"{target} {parts[0]} {parts[1]}"
 
 
-def render_inventory(
-    state: SandboxState, *, ssh_key: str, known_hosts: str
-) -> str:
+def render_inventory(state: SandboxState, *, ssh_key: str, known_hosts: str) -> str:
     """``DIR/inventory.yaml`` (the DESIGN's Ansible-style contract).
 
     Every host sits in group ``sandbox`` (in order, with its variables) and in the group of
@@ -211,9 +213,7 @@ def render_inventory(
     hosts: dict[str, dict[str, object]] = {
         h.name: {"address": h.address, "port": h.port, "python": h.python} for h in state.hosts
     }
-    children: dict[str, dict[str, dict[str, dict[str, object]]]] = {
-        SANDBOX_GROUP: {"hosts": hosts}
-    }
+    children: dict[str, dict[str, dict[str, dict[str, object]]]] = {SANDBOX_GROUP: {"hosts": hosts}}
     for host in state.hosts:
         group = children.setdefault(group_name(host.vllm), {"hosts": {}})
         group["hosts"][host.name] = {}
@@ -267,8 +267,19 @@ def sshd_missing_privsep_dir(log_text: str) -> str | None:
 def sshd_error_line(log_text: str) -> str:
     """The line that best explains why sshd did not start (the first specific complaint)."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
-    words = ("fatal", "error", "cannot", "failed", "missing", "bad ", "unsupported", "invalid",
-             "permission", "no such", "not ")
+    words = (
+        "fatal",
+        "error",
+        "cannot",
+        "failed",
+        "missing",
+        "bad ",
+        "unsupported",
+        "invalid",
+        "permission",
+        "no such",
+        "not ",
+    )
     complaints = [line for line in lines if any(w in line.lower() for w in words)]
     specific = [line for line in complaints if "terminating" not in line.lower()]
     if specific or complaints:

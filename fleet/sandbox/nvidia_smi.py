@@ -269,30 +269,55 @@ def summary(config: dict[str, Any]) -> str:
     cols = (41, 24, 22)
     lines = [
         _rule(),
-        _row((f"NVIDIA-SMI {config['driver_version']:<22}Driver Version: "
-              f"{config['driver_version']:<15}CUDA Version: {config['cuda_version']}", WIDTH)),
+        _row(
+            (
+                f"NVIDIA-SMI {config['driver_version']:<22}Driver Version: "
+                f"{config['driver_version']:<15}CUDA Version: {config['cuda_version']}",
+                WIDTH,
+            )
+        ),
         _rule("-", cols),
-        _row(("GPU  Name                 Persistence-M", 41), ("Bus-Id          Disp.A", 24),
-             ("Volatile Uncorr. ECC", 22)),
-        _row(("Fan  Temp   Perf          Pwr:Usage/Cap", 41), ("          Memory-Usage", 24),
-             ("GPU-Util  Compute M.", 22)),
+        _row(
+            ("GPU  Name                 Persistence-M", 41),
+            ("Bus-Id          Disp.A", 24),
+            ("Volatile Uncorr. ECC", 22),
+        ),
+        _row(
+            ("Fan  Temp   Perf          Pwr:Usage/Cap", 41),
+            ("          Memory-Usage", 24),
+            ("GPU-Util  Compute M.", 22),
+        ),
         _rule("=", cols),
     ]
     for g in gpus(config):
         power = f"{int(g['power.draw'])}W / {int(g['power.limit'])}W"
         memory = f"{g['memory.used']}MiB / {g['memory.total']}MiB"
         util = f"{g['utilization.gpu']}%"
-        lines.append(_row((f"{g['index']:>3}  {g['name']:<24}{'On':>10}", 41),
-                          (f"{g['pci.bus_id']:<16} Off", 24), (f"{'0':>20}", 22)))
-        lines.append(_row((f"N/A   {g['temperature.gpu']}C    P0{power:>24}", 41),
-                          (f"{memory:>22}", 24), (f"{util:>7}      Default", 22)))
+        lines.append(
+            _row(
+                (f"{g['index']:>3}  {g['name']:<24}{'On':>10}", 41),
+                (f"{g['pci.bus_id']:<16} Off", 24),
+                (f"{'0':>20}", 22),
+            )
+        )
+        lines.append(
+            _row(
+                (f"N/A   {g['temperature.gpu']}C    P0{power:>24}", 41),
+                (f"{memory:>22}", 24),
+                (f"{util:>7}      Default", 22),
+            )
+        )
         lines.append(_rule("-", cols))
     lines += [
         "",
         _rule(),
         _row(("Processes:", WIDTH)),
-        _row((" GPU   GI   CI              PID   Type   Process name" + " " * 24 + "GPU Memory",
-              WIDTH)),
+        _row(
+            (
+                " GPU   GI   CI              PID   Type   Process name" + " " * 24 + "GPU Memory",
+                WIDTH,
+            )
+        ),
         _rule("=", (WIDTH,)),
     ]
     shown = False
@@ -304,8 +329,9 @@ def summary(config: dict[str, Any]) -> str:
             name = str(proc.get("name", "python3"))[:34]
             mem = f"{proc.get('used_memory_mib', 0)}MiB"
             pid = proc.get("pid", 0)
-            lines.append(_row((f" {index:>3}   N/A  N/A  {pid:>13}      C   {name:<34}{mem:>10}",
-                               WIDTH)))
+            lines.append(
+                _row((f" {index:>3}   N/A  N/A  {pid:>13}      C   {name:<34}{mem:>10}", WIDTH))
+            )
     if not shown:
         lines.append(_row(("No running processes found", WIDTH)))
     lines.append(_rule())

@@ -1,16 +1,15 @@
 """SSH transport: one connection per host per run, strict host keys, bounded fan-out.
 
-Vocabulary follows Fabric: a :class:`HostConnection` runs commands and returns a
-:class:`Result`; :func:`fan_out` maps a function over hosts (Fabric's ``Group``)."""
+Vocabulary follows Fabric: a :class:`HostConnection` (or a :class:`LocalRunner`: both are
+:class:`Runner`) runs commands and returns a :class:`Result`; :func:`fan_out` maps a
+function over hosts (Fabric's ``Group``) and returns one :class:`HostOutcome` per host.
+Shell text is built only by :mod:`fleet.transport.shell`.
+"""
 
-from fleet.transport.connection import (
-    ConnectionLost,
-    ConnectOptions,
-    HostConnection,
-    Result,
-    to_command,
-)
-from fleet.transport.fanout import HostOutcome, exit_code, fan_out
+from fleet.transport.connection import ConnectionLost, ConnectOptions, HostConnection
+from fleet.transport.fanout import fan_out, map_hosts
+from fleet.transport.outcome import HostOutcome, Verdict, exit_code, hosts_json
+from fleet.transport.runner import LocalRunner, Result, Runner
 from fleet.transport.session import Session
 
 __all__ = [
@@ -18,9 +17,13 @@ __all__ = [
     "ConnectionLost",
     "HostConnection",
     "HostOutcome",
+    "LocalRunner",
     "Result",
+    "Runner",
     "Session",
+    "Verdict",
     "exit_code",
     "fan_out",
-    "to_command",
+    "hosts_json",
+    "map_hosts",
 ]

@@ -7,7 +7,8 @@ ProxyJump gateways and paramiko's client) with fleet's rules:
 - a connect timeout and SSH keepalives;
 - tenacity retries with backoff for transient faults while connecting (refused, reset,
   timeout, no banner), never for authentication or host-key failures;
-- commands given as argv lists are quoted with ``shlex.join``.
+- commands are :class:`~fleet.transport.shell.Command` texts or argv lists (quoted by
+  :mod:`fleet.transport.shell`, the only module that quotes shell text).
 
 Commands are executed on a paramiko channel directly (rather than through Invoke's runner)
 so that stdin can be sent and closed, both streams are read fully, and output can be
@@ -16,9 +17,9 @@ streamed line by line for ``--follow``.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-import shlex
 import socket
 import threading
 import time
@@ -30,7 +31,9 @@ from typing import TYPE_CHECKING, Any
 import paramiko
 
 from fleet.errors import ConnectError, HostKeyError, OperationFailed
+from fleet.transport import shell
 from fleet.transport.hostkeys import RejectUnknown, UnknownHostKey, fingerprint
+from fleet.transport.runner import Result, command_text, log_command
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -41,49 +44,13 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 KEEPALIVE_SECONDS = 15
 
 
-@dataclass
-class Result:
-    """What a remote command did (Fabric's ``Result`` vocabulary)."""
-
-    host: str
-    command: str
-    exit_code: int
-    stdout_bytes: bytes
-    stderr_bytes: bytes
-    duration_s: float
-    bytes_received: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    @property
-    def stdout(self) -> str:
-        return self.stdout_bytes.decode("utf-8", errors="replace")
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_bytes.decode("utf-8", errors="replace")
-
-    def check(self, what: str = "command") -> Result:
-        """Raise :class:`OperationFailed` naming the host when the command failed."""
-        if not self.ok:
-            tail = (self.stderr.strip().splitlines() or self.stdout.strip().splitlines() or [""])[
-                -1
-            ]
-            raise OperationFailed(f"{self.host}: {what} exited {self.exit_code}: {tail}")
-        return self
-
-
 class ConnectionLost(ConnectError):
     """The SSH connection dropped while a command was running."""
 
+    code = "connection-lost"
 
-def to_command(command: str | Sequence[str]) -> str:
-    """An argv list is quoted with ``shlex.join``; a string is taken as already quoted."""
-    if isinstance(command, str):
-        return command
-    return shlex.join(list(command))
+
+log = logging.getLogger(__name__)
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -149,7 +116,7 @@ class HostConnection:
 
     def run(
         self,
-        command: str | Sequence[str],
+        command: shell.Command | Sequence[str],
         *,
         stdin: bytes | str | None = None,
         timeout: float | None = None,
@@ -160,7 +127,7 @@ class HostConnection:
         :class:`OperationFailed` is raised. A dropped connection raises
         :class:`ConnectionLost` (exit 3, naming the host).
         """
-        cmd = to_command(command)
+        cmd = command_text(command)
         started = time.monotonic()
         deadline = started + timeout if timeout else None
         chan = self._open_channel(cmd, timeout)
@@ -206,20 +173,25 @@ class HostConnection:
         except TimeoutError:
             chan.close()
             raise OperationFailed(
-                f"{self.host.name}: command timed out after {timeout:.0f}s: {_short(cmd)}"
+                f"{self.host.name}: command timed out after {timeout:.0f}s: "
+                f"{_short(shell.masked(cmd))}",
+                code="command-timeout",
             ) from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectionLost(
-                self.host.name, f"connection lost while running {_short(cmd)}: {exc}"
+                self.host.name,
+                f"connection lost while running {_short(shell.masked(cmd))}: {exc}",
             ) from None
         finally:
             chan.close()
         if exit_code == -1:
             # The channel closed without an exit status: the connection dropped.
-            raise ConnectionLost(self.host.name, f"connection lost while running {_short(cmd)}")
+            raise ConnectionLost(
+                self.host.name, f"connection lost while running {_short(shell.masked(cmd))}"
+            )
         out = b"".join(out_chunks)
         err = b"".join(err_chunks)
-        return Result(
+        res = Result(
             host=self.host.name,
             command=cmd,
             exit_code=exit_code,
@@ -228,18 +200,22 @@ class HostConnection:
             duration_s=time.monotonic() - started,
             bytes_received=len(out) + len(err),
         )
+        log_command(self.host.name, cmd, res)
+        return res
 
     def stream(
-        self, command: str | Sequence[str], *, timeout: float | None = None
+        self, command: shell.Command | Sequence[str], *, timeout: float | None = None
     ) -> Iterator[str]:
         """Yield stdout lines as they arrive (for ``--follow``); stderr is discarded.
 
-        ``timeout`` is the longest wait for new output; the generator's close() ends the
-        remote command.
+        ``timeout`` is the longest wait for new output. The command's stdin stays open
+        while the stream is read: closing the generator closes the channel, and a remote
+        command that waits for the end of its stdin (``cat >/dev/null; kill ...``, see
+        fleet.diagnosis.remote) ends with it even when it never writes again.
         """
-        cmd = to_command(command)
+        cmd = command_text(command)
+        log.debug("%s: streaming: %s", self.host.name, shell.masked(cmd)[:500])
         chan = self._open_channel(cmd, timeout)
-        chan.shutdown_write()
         chan.settimeout(timeout)
         buf = b""
         try:
@@ -391,6 +367,7 @@ def open_connection(
             f"host key of {exc.hostname} is not pinned in {spec.known_hosts_path()} "
             f"({exc.key.get_name()} {fingerprint(exc.key)}); refusing to connect",
             hint=f"check the fingerprint, then run: fleet trust --host {spec.name} --accept-new",
+            code="host-key-unknown",
         ) from None
     except paramiko.BadHostKeyException as exc:
         raise HostKeyError(
@@ -399,25 +376,31 @@ def open_connection(
             f"offered {fingerprint(exc.key)}; refusing to connect (possible impersonation)",
             hint=f"if the host was reinstalled, remove its line from {spec.known_hosts_path()} "
             f"and run: fleet trust --host {spec.name} --accept-new",
+            code="host-key-changed",
         ) from None
     except paramiko.AuthenticationException as exc:
         raise ConnectError(
             spec.name,
             f"authentication failed for {where}: {exc}",
             hint="check the host's user and ssh_key in the inventory",
+            code="auth-failed",
         ) from None
     except paramiko.ssh_exception.NoValidConnectionsError:
         raise ConnectError(
             spec.name,
             f"cannot connect to {where}: connection refused ({options.attempts} attempts)",
+            code="connect-refused",
         ) from None
     except socket.gaierror as exc:
-        raise ConnectError(spec.name, f"cannot resolve {spec.target}: {exc.strerror}") from None
+        raise ConnectError(
+            spec.name, f"cannot resolve {spec.target}: {exc.strerror}", code="dns-failed"
+        ) from None
     except TimeoutError:
         raise ConnectError(
             spec.name,
             f"cannot connect to {where}: timed out after "
             f"{options.connect_timeout:.0f}s ({options.attempts} attempts)",
+            code="connect-timeout",
         ) from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise ConnectError(

@@ -1,75 +1,55 @@
-"""A bounded parallel map over hosts, returning one outcome per host.
+"""A bounded parallel map over hosts, returning one :class:`HostOutcome` per host.
 
 One failing host never hides the others. Ctrl-C closes every connection (which unblocks
-the workers) and re-raises.
+the workers) and re-raises. :func:`fan_out` connects first (the function gets the host's
+open connection); :func:`map_hosts` hands the function the inventory entry (``trust``
+fetches keys without logging in).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from fleet.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, ConnectError, FleetError
+from fleet.transport.outcome import HostOutcome, exit_code, hosts_json
 
 if TYPE_CHECKING:
     from fleet.inventory import HostSpec
     from fleet.transport.connection import HostConnection
     from fleet.transport.session import Session
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
-Status = Literal["ok", "failed", "unreachable"]
+DEFAULT_FORKS = 32
+
+__all__ = ["DEFAULT_FORKS", "HostOutcome", "exit_code", "fan_out", "hosts_json", "map_hosts"]
 
 
-@dataclass
-class HostOutcome(Generic[T]):
-    host: str
-    status: Status
-    value: T | None = None
-    error: str | None = None
-    hint: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def failure_json(self) -> dict[str, Any]:
-        """The ``--json`` entry of a host that did not succeed."""
-        entry: dict[str, Any] = {"ok": False, "status": self.status, "error": self.error}
-        if self.hint:
-            entry["hint"] = self.hint
-        return entry
-
-
-def _one(session: Session, host: HostSpec, fn: Callable[[HostConnection], T]) -> HostOutcome[T]:
+def _one(host: HostSpec, fn: Callable[[HostSpec], T]) -> HostOutcome[T]:
     try:
-        conn = session.connect(host)
-        return HostOutcome(host.name, "ok", value=fn(conn))
-    except ConnectError as exc:
-        return HostOutcome(
-            host.name, "unreachable", error=_strip(exc.message, host.name), hint=exc.hint
-        )
-    except FleetError as exc:
-        return HostOutcome(host.name, "failed", error=_strip(exc.message, host.name), hint=exc.hint)
+        value = fn(host)
     except Exception as exc:  # one host's bug or fault must not hide the others
-        return HostOutcome(host.name, "failed", error=f"{type(exc).__name__}: {exc}")
+        outcome: HostOutcome[T] = HostOutcome.of_error(host.name, exc)
+        if outcome.code == "internal-error":
+            log.debug("%s: unexpected exception", host.name, exc_info=exc)
+        else:
+            log.debug("%s: %s (%s)", host.name, outcome.error, outcome.code)
+        return outcome
+    return HostOutcome.of_value(host.name, value)
 
 
-def _strip(message: str, host: str) -> str:
-    prefix = f"{host}: "
-    return message[len(prefix) :] if message.startswith(prefix) else message
-
-
-def fan_out(
-    session: Session,
+def map_hosts(
     hosts: Sequence[HostSpec],
-    fn: Callable[[HostConnection], T],
+    fn: Callable[[HostSpec], T],
     *,
-    forks: int = 32,
+    forks: int = DEFAULT_FORKS,
     on_done: Callable[[HostOutcome[T]], None] | None = None,
+    on_interrupt: Callable[[], None] | None = None,
 ) -> list[HostOutcome[T]]:
-    """Run ``fn(conn)`` on every host, at most ``forks`` at once; results in host order."""
+    """Run ``fn(host)`` for every host, at most ``forks`` at once; results in host order."""
     if not hosts:
         return []
     results: dict[str, HostOutcome[T]] = {}
@@ -79,7 +59,7 @@ def fan_out(
     futures: dict[Future[HostOutcome[T]], HostSpec] = {}
     try:
         for host in hosts:
-            futures[pool.submit(_one, session, host, fn)] = host
+            futures[pool.submit(_one, host, fn)] = host
         for future in as_completed(futures):
             outcome = future.result()
             results[outcome.host] = outcome
@@ -87,16 +67,25 @@ def fan_out(
                 on_done(outcome)
     except KeyboardInterrupt:
         pool.shutdown(wait=False, cancel_futures=True)
-        session.close()
+        if on_interrupt is not None:
+            on_interrupt()
         raise
     pool.shutdown(wait=True)
     return [results[h.name] for h in hosts]
 
 
-def exit_code(outcomes: Sequence[HostOutcome[Any]]) -> int:
-    """3 if any host was unreachable, else 1 if any failed, else 0."""
-    if any(o.status == "unreachable" for o in outcomes):
-        return EXIT_UNREACHABLE
-    if any(o.status == "failed" for o in outcomes):
-        return EXIT_FAILED
-    return EXIT_OK
+def fan_out(
+    session: Session,
+    hosts: Sequence[HostSpec],
+    fn: Callable[[HostConnection], T],
+    *,
+    forks: int = DEFAULT_FORKS,
+    on_done: Callable[[HostOutcome[T]], None] | None = None,
+) -> list[HostOutcome[T]]:
+    """Connect to every host (through ``session``: one connection per host per run) and
+    run ``fn(conn)``, at most ``forks`` at once; results in host order."""
+
+    def connected(host: HostSpec) -> T:
+        return fn(session.connect(host))
+
+    return map_hosts(hosts, connected, forks=forks, on_done=on_done, on_interrupt=session.close)

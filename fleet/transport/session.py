@@ -6,6 +6,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from fleet.errors import ConnectError
 from fleet.transport.connection import ConnectOptions, HostConnection, open_connection
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ class Session:
         self._conns: dict[str, HostConnection] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
+        self._failed: dict[str, ConnectError] = {}
         self.opened: dict[str, int] = {}
         self.connect_ms: dict[str, float] = {}
         self.closed = False
@@ -50,9 +52,17 @@ class Session:
             conn = self._conns.get(key)
             if conn is not None:
                 return conn
+            failed = self._failed.get(key)
+            if failed is not None and _depth > 0:
+                # a bastion that failed once in this run is not tried again per host
+                raise failed
             gateway = self.gateway_for(host, _depth=_depth)
             started = time.monotonic()
-            conn = open_connection(host, self.options, gateway)
+            try:
+                conn = open_connection(host, self.options, gateway)
+            except ConnectError as exc:
+                self._failed[key] = exc
+                raise
             with self._guard:
                 self.connect_ms[host.name] = (time.monotonic() - started) * 1000
                 self.opened[host.name] = self.opened.get(host.name, 0) + 1
@@ -71,11 +81,21 @@ class Session:
             from fleet.errors import UsageError
 
             raise UsageError(f"{host.name}: jump chain longer than {MAX_JUMPS} hops (a loop?)")
-        gateway = self.connect(jump, _depth=_depth + 1)
+        try:
+            gateway = self.connect(jump, _depth=_depth + 1)
+        except ConnectError as exc:
+            raise ConnectError(
+                host.name,
+                f"bastion {host.jump}: {exc.message.removeprefix(jump.name + ': ')}",
+                hint=exc.hint,
+                code="bastion-failed",
+            ) from exc
         if not gateway.transport_alive():
-            from fleet.errors import ConnectError
-
-            raise ConnectError(host.name, f"connection to the bastion {host.jump} was lost")
+            raise ConnectError(
+                host.name,
+                f"connection to the bastion {host.jump} was lost",
+                code="bastion-failed",
+            )
         return gateway
 
     @staticmethod

@@ -1,13 +1,8 @@
-# fleet patch script: runs ON THE HOST as `<python of the vLLM env> -`, script on stdin.
-#
-# Python 3.8+, standard library only; never imports vllm. fleet appends one line,
-# `raise SystemExit(main("<base64 of zlib of the JSON request>"))`, and reads back ONE
-# JSON document (zlib + base64) between two marker lines, so that a noisy shell start-up
-# file cannot corrupt it.
+# fleet patch script: runs ON THE HOST in a bundle (see _common.py); never imports vllm.
 #
 # Operations (request["op"]):
-#   fetch   locate vLLM (importlib.util.find_spec / importlib.metadata, no import), read
-#           the target files: text + sha256; the backup manifest of this patch set if any.
+#   fetch   locate vLLM (find_spec / importlib.metadata, no import), read the target
+#           files: text + sha256; the backup manifest of this patch set if any.
 #   apply   write new texts, all files or none: check every sha256 first; back up each
 #           original and a manifest (sha256 before/after, patch set, vLLM version, time) in
 #           ~/.fleet/patches/<patch set>/<vLLM version>-<id of the package dir>/; write a
@@ -18,7 +13,9 @@
 #
 # A dropped SSH connection must not leave a half-written host: SIGHUP is ignored while
 # writing, every replacement is a rename of a complete, fsynced file, and the backup and
-# manifest are written before the first target is touched.
+# manifest are written before the first target is touched. A target that is a symlink
+# (inside the vLLM tree) is written through: the file it points to is replaced, the link
+# stays, and revert restores that file.
 # Any exception while writing, compiling or recording (a rename fails, the disk or /tmp is
 # full) restores every file already replaced, the same way, and answers a clear failure.
 # Fault injection, for tests only: honoured ONLY from request["fault"] (never from the
@@ -27,35 +24,25 @@
 # "<point>:raise" raises OSError(ENOSPC) there, and "compile-error" makes the py_compile
 # step fail. Points: after-lock, after-backup, after-temp, after-first-rename,
 # after-rename, before-manifest.
-from __future__ import annotations
-
-import base64
 import errno
 import fcntl
 import hashlib
 import json
 import os
-import signal
-import sys
 import time
-import zlib
-from typing import Any
+from typing import Any, Dict, List, Optional, Tuple
 
-BEGIN = "----- fleet-patch begin -----"
-END = "----- fleet-patch end -----"
-SCHEMA = 1
+from fleet.onhost._common import Refused, hold_on_hangup, inside, locate_vllm
+
+PATCH_SCHEMA = 1
 LOCK_TIMEOUT = 120.0
-
-
-class Refused(Exception):
-    """A request that cannot be served (bad input, vLLM not found, lock timeout)."""
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read(path: str) -> bytes | None:
+def _read(path: str) -> Optional[bytes]:
     try:
         with open(path, "rb") as fh:
             return fh.read()
@@ -67,13 +54,13 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _fault_spec(request: dict[str, Any]) -> list[str]:
+def _fault_spec(request: Dict[str, Any]) -> List[str]:
     """The fault points of this request (tests only); the host's environment is ignored."""
     spec = request.get("fault")
     return [item.strip() for item in spec.split(",")] if isinstance(spec, str) else []
 
 
-def _fault(request: dict[str, Any], point: str) -> None:
+def _fault(request: Dict[str, Any], point: str) -> None:
     for item in _fault_spec(request):
         name, _, action = item.partition(":")
         if name != point:
@@ -86,77 +73,31 @@ def _fault(request: dict[str, Any], point: str) -> None:
             os._exit(97)
 
 
-def _faulty(request: dict[str, Any], point: str) -> bool:
+def _faulty(request: Dict[str, Any], point: str) -> bool:
     return point in _fault_spec(request)
 
 
-# -- locating vLLM ------------------------------------------------------------------------
-
-
-def vllm_location() -> dict[str, Any]:
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None:
-        raise Refused(f"vLLM is not installed for {sys.executable}")
-    locations = list(spec.submodule_search_locations or [])
-    if locations:
-        package_dir = os.path.realpath(locations[0])
-    elif spec.origin:
-        package_dir = os.path.realpath(os.path.dirname(spec.origin))
-    else:
-        raise Refused("cannot locate the vllm package directory")
-    version = None
-    try:
-        from importlib import metadata
-
-        version = metadata.version("vllm")
-    except Exception:
-        version = _version_from_file(package_dir)
-    if not version:
-        raise Refused(f"cannot tell the vLLM version of {package_dir}")
-    return {
-        "package_dir": package_dir,
-        "version": version,
-        "python": sys.executable,
-        "python_version": ".".join(str(n) for n in sys.version_info[:3]),
-    }
-
-
-def _version_from_file(package_dir: str) -> str | None:
-    import ast
-
-    data = _read(os.path.join(package_dir, "_version.py"))
-    if data is None:
-        return None
-    for node in ast.parse(data).body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
-            if "__version__" in names or "version" in names:
-                return str(node.value.value)
-    return None
+# -- locating files ------------------------------------------------------------------
 
 
 def target_path(package_dir: str, relpath: str) -> str:
-    parts = relpath.split("/")
-    if relpath.startswith("/") or ".." in parts or not relpath.endswith(".py"):
-        raise Refused(f"bad path {relpath!r}")
-    path = os.path.join(package_dir, *parts)
-    real = os.path.realpath(path)
-    if not real.startswith(package_dir.rstrip(os.sep) + os.sep):
-        raise Refused(f"{relpath} resolves outside the vLLM package")
-    return path
+    """The file to read and replace for `relpath`: inside the vLLM package (symlinks
+    followed, and refused when they leave it), a .py file."""
+    if not relpath.endswith(".py"):
+        raise Refused("bad path " + repr(relpath), "path-escapes-tree")
+    inside(package_dir, relpath)
+    return os.path.realpath(os.path.join(package_dir, *relpath.split("/")))
 
 
 def backup_dir(root: str, patch_set: str, version: str, package_dir: str) -> str:
     if not patch_set or "/" in patch_set or patch_set.startswith("."):
-        raise Refused(f"bad patch set name {patch_set!r}")
+        raise Refused("bad patch set name " + repr(patch_set), "bad-request")
     safe_version = "".join(c if c.isalnum() or c in ".+-_" else "_" for c in version)
     env_id = hashlib.sha256(package_dir.encode("utf-8")).hexdigest()[:12]
     return os.path.join(os.path.expanduser(root), patch_set, f"{safe_version}-{env_id}")
 
 
-def _load_manifest(directory: str) -> dict[str, Any] | None:
+def _load_manifest(directory: str) -> Optional[Dict[str, Any]]:
     data = _read(os.path.join(directory, "manifest.json"))
     if data is None:
         return None
@@ -179,7 +120,7 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _write_temp(path: str, data: bytes, like: str | None = None) -> str:
+def _write_temp(path: str, data: bytes, like: Optional[str] = None) -> str:
     """A complete, fsynced temp file next to ``path`` (same directory, same filesystem).
 
     A new, unique name (mkstemp: O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600), so nothing that
@@ -233,7 +174,7 @@ def _drop_stale_temps(path: str) -> None:
                 pass
 
 
-def _replace(path: str, data: bytes, like: str | None = None) -> None:
+def _replace(path: str, data: bytes, like: Optional[str] = None) -> None:
     tmp = _write_temp(path, data, like)
     os.replace(tmp, path)
     _fsync_dir(os.path.dirname(path) or ".")
@@ -244,7 +185,7 @@ def _write_json(path: str, obj: Any) -> None:
     _replace(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
-def _history(root: str, record: dict[str, Any]) -> None:
+def _history(root: str, record: Dict[str, Any]) -> None:
     path = os.path.join(os.path.expanduser(root), "history.jsonl")
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     with open(path, "a", encoding="utf-8") as fh:
@@ -260,7 +201,7 @@ class _Lock:
         self.root = os.path.expanduser(root)
         self.fd = -1
 
-    def __enter__(self) -> _Lock:
+    def __enter__(self) -> "_Lock":
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         self.fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
         deadline = time.monotonic() + LOCK_TIMEOUT
@@ -272,7 +213,9 @@ class _Lock:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                     raise
                 if time.monotonic() > deadline:
-                    raise Refused("another fleet patch holds the lock on this host") from None
+                    raise Refused(
+                        "another fleet patch holds the lock on this host", "host-busy"
+                    ) from None
                 time.sleep(0.1)
 
     def __exit__(self, *exc: object) -> None:
@@ -280,7 +223,7 @@ class _Lock:
             os.close(self.fd)
 
 
-def _compile(path: str) -> str | None:
+def _compile(path: str) -> Optional[str]:
     """py_compile with this interpreter (the host's); the error text, or None."""
     import py_compile
     import tempfile
@@ -299,7 +242,7 @@ def _compile(path: str) -> str | None:
             pass
 
 
-def _drop_pycache(path: str) -> list[str]:
+def _drop_pycache(path: str) -> List[str]:
     directory, name = os.path.split(path)
     stem = name[:-3]
     removed = []
@@ -328,8 +271,8 @@ def _drop_pycache(path: str) -> list[str]:
 # -- operations ---------------------------------------------------------------------------
 
 
-def op_fetch(request: dict[str, Any]) -> dict[str, Any]:
-    where = vllm_location()
+def op_fetch(request: Dict[str, Any]) -> Dict[str, Any]:
+    where = locate_vllm()
     package_dir = where["package_dir"]
     files = {}
     for relpath in request.get("files", []):
@@ -338,7 +281,7 @@ def op_fetch(request: dict[str, Any]) -> dict[str, Any]:
         if data is None:
             files[relpath] = {"exists": False}
             continue
-        entry: dict[str, Any] = {"exists": True, "sha256": _sha(data)}
+        entry: Dict[str, Any] = {"exists": True, "sha256": _sha(data)}
         try:
             entry["text"] = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -357,16 +300,19 @@ def op_fetch(request: dict[str, Any]) -> dict[str, Any]:
     return dict(where, files=files, backup_dir=directory, backup_manifest=manifest, backups=backups)
 
 
-def _check_location(request: dict[str, Any]) -> dict[str, Any]:
-    where = vllm_location()
+def _check_location(request: Dict[str, Any]) -> Dict[str, Any]:
+    where = locate_vllm()
     if where["package_dir"] != request["package_dir"] or where["version"] != request["version"]:
         raise Refused(
-            f"vLLM changed since it was read: now {where['version']} at {where['package_dir']}"
+            "vLLM changed since it was read: now %s at %s"
+            % (where["version"], where["package_dir"]),
+            "vllm-changed",
         )
     return where
 
 
-def op_apply(request: dict[str, Any]) -> dict[str, Any]:
+def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
+    hold_on_hangup()
     where = _check_location(request)
     package_dir = where["package_dir"]
     root = request["backup_root"]
@@ -377,7 +323,7 @@ def op_apply(request: dict[str, Any]) -> dict[str, Any]:
         for item in items:  # temp files left by a run that was killed
             _drop_stale_temps(target_path(package_dir, item["path"]))
         # 1. every file still has the sha256 that was read, or nothing is written
-        originals: dict[str, bytes] = {}
+        originals: Dict[str, bytes] = {}
         conflicts = []
         for item in items:
             path = target_path(package_dir, item["path"])
@@ -391,13 +337,13 @@ def op_apply(request: dict[str, Any]) -> dict[str, Any]:
                 originals[item["path"]] = data
             new = item["text_after"].encode("utf-8")
             if _sha(new) != item["sha256_after"]:
-                raise Refused(f"{item['path']}: the new text was damaged in transit")
+                raise Refused(item["path"] + ": the new text was damaged in transit", "bad-request")
         if conflicts:
             return {"ok": False, "conflicts": conflicts, "written": []}
 
         # 2. backups of the originals and the manifest, before any target is touched
         manifest = _load_manifest(directory) or {
-            "schema": SCHEMA,
+            "schema": PATCH_SCHEMA,
             "patch_set": request["patch_set"],
             "vllm_version": where["version"],
             "package_dir": package_dir,
@@ -424,7 +370,7 @@ def op_apply(request: dict[str, Any]) -> dict[str, Any]:
 
         # 3.-5. from the first temp file to the history line, any exception (a rename
         # fails, the disk or /tmp is full) restores every file already replaced
-        replaced: list[str] = []
+        replaced: List[str] = []
         try:
             errors, dropped = _write_compile_record(request, where, directory, manifest, replaced)
         except BaseException as exc:
@@ -458,12 +404,12 @@ def op_apply(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write_compile_record(
-    request: dict[str, Any],
-    where: dict[str, Any],
+    request: Dict[str, Any],
+    where: Dict[str, Any],
     directory: str,
-    manifest: dict[str, Any],
-    replaced: list[str],
-) -> tuple[list[dict[str, str]], dict[str, list[str]]]:
+    manifest: Dict[str, Any],
+    replaced: List[str],
+) -> Tuple[List[Dict[str, str]], Dict[str, List[str]]]:
     """Steps 3-5 of ``apply``; appends to ``replaced`` each path as soon as it is renamed.
 
     Returns the compile errors (then nothing after step 4 ran) and the pycache removed."""
@@ -471,7 +417,7 @@ def _write_compile_record(
     root = request["backup_root"]
     items = request["files"]
     # 3. complete, fsynced temp files next to every target; then the renames
-    temps: list[tuple[str, str, str]] = []
+    temps: List[Tuple[str, str, str]] = []
     try:
         for item in items:
             path = target_path(package_dir, item["path"])
@@ -527,15 +473,15 @@ def _write_compile_record(
 def _undo(
     package_dir: str,
     directory: str,
-    manifest: dict[str, Any],
-    items: list[dict[str, Any]],
-    replaced: list[str],
-    originals: dict[str, bytes],
-) -> list[dict[str, str]]:
+    manifest: Dict[str, Any],
+    items: List[Dict[str, Any]],
+    replaced: List[str],
+    originals: Dict[str, bytes],
+) -> List[Dict[str, str]]:
     """Put back every original in ``replaced`` (temp + fsync + rename, like any write),
     drop their bytecode, and forget this apply in the manifest. Returns the files that
     could not be restored: they stay in the manifest (pending), so --revert finds them."""
-    failed: list[dict[str, str]] = []
+    failed: List[Dict[str, str]] = []
     for relpath in replaced:
         path = target_path(package_dir, relpath)
         try:
@@ -554,7 +500,7 @@ def _undo(
     return failed
 
 
-def _finish_manifest(directory: str, manifest: dict[str, Any]) -> None:
+def _finish_manifest(directory: str, manifest: Dict[str, Any]) -> None:
     """Write the manifest, or remove the backup directory when no file is left in it."""
     if manifest["files"]:
         manifest["updated"] = _now()
@@ -571,16 +517,16 @@ def _finish_manifest(directory: str, manifest: dict[str, Any]) -> None:
 
 
 def _revert_plan(
-    directory: str, package_dir: str, manifest: dict[str, Any], force: bool
-) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str, bytes]]]:
-    results: dict[str, dict[str, Any]] = {}
-    restore: list[tuple[str, str, bytes]] = []
+    directory: str, package_dir: str, manifest: Dict[str, Any], force: bool
+) -> Tuple[Dict[str, Dict[str, Any]], List[Tuple[str, str, bytes]]]:
+    results: Dict[str, Dict[str, Any]] = {}
+    restore: List[Tuple[str, str, bytes]] = []
     for relpath, entry in sorted(manifest["files"].items()):
         path = target_path(package_dir, relpath)
         current = _read(path)
         current_sha = _sha(current) if current is not None else None
         backup = _read(os.path.join(directory, "originals", *relpath.split("/")))
-        result: dict[str, Any] = {
+        result: Dict[str, Any] = {
             "sha256_current": current_sha,
             "sha256_before": entry["sha256_before"],
             "sha256_after": entry["sha256_after"],
@@ -603,7 +549,8 @@ def _revert_plan(
     return results, restore
 
 
-def op_revert(request: dict[str, Any]) -> dict[str, Any]:
+def op_revert(request: Dict[str, Any]) -> Dict[str, Any]:
+    hold_on_hangup()
     where = _check_location(request)
     package_dir = where["package_dir"]
     root = request["backup_root"]
@@ -659,34 +606,3 @@ def op_revert(request: dict[str, Any]) -> dict[str, Any]:
 
 
 OPS = {"fetch": op_fetch, "apply": op_apply, "revert": op_revert}
-
-
-def _emit(obj: dict[str, Any]) -> None:
-    payload = base64.b64encode(zlib.compress(json.dumps(obj).encode("utf-8"), 6))
-    try:
-        sys.stdout.write(BEGIN + "\n" + payload.decode("ascii") + "\n" + END + "\n")
-        sys.stdout.flush()
-    except OSError:
-        pass  # the connection is gone; the host's state is already consistent
-
-
-def main(encoded: str) -> int:
-    try:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    except (AttributeError, ValueError):
-        pass
-    try:
-        request = json.loads(zlib.decompress(base64.b64decode(encoded)).decode("utf-8"))
-        op = OPS.get(request.get("op", ""))
-        if op is None:
-            raise Refused(f"unknown operation {request.get('op')!r}")
-        result = op(request)
-        result.setdefault("ok", True)
-        _emit({"schema": SCHEMA, "result": result})
-        return 0
-    except Refused as exc:
-        _emit({"schema": SCHEMA, "refused": str(exc)})
-        return 0
-    except Exception as exc:
-        _emit({"schema": SCHEMA, "error": f"{type(exc).__name__}: {exc}"})
-        return 1

@@ -1,0 +1,17 @@
+"""Everything that runs ON a host, and the one local runner that sends it there.
+
+Shipped (Python 3.8+, standard library only, never importing vLLM; bundled per run by
+:func:`fleet.onhost.runner.bundle`, see ``_common.py`` for the bundle and its envelope):
+
+- ``_common.py``   the runtime in front of every script: sys.path without the working
+                   directory, find vLLM, its version, the request and the answer envelope
+- ``vllm_tree.py`` EAGLE-3 support and the config-time allowlist, judged with ``ast``
+- ``facts.py``     ``fleet inspect``'s observations (one round trip)
+- ``patch.py``     ``fleet patch``'s fetch / atomic apply / revert
+- ``source.py``    ``fleet source``: locate, contain, then ``sed -n`` / ``grep -rn``
+
+Local only: ``runner.py`` (:func:`~fleet.onhost.runner.run_onhost`). Nothing outside this
+package ships code to a host (``tests/unit/test_onhost_contract.py`` checks every shipped
+script: 3.8 syntax, stdlib-only imports, envelope and schema, a decoy ``vllm/`` package in
+the working directory ignored, ``~/`` interpreter paths).
+"""

@@ -1,0 +1,204 @@
+# fleet on-host runtime: bundled in front of every script fleet runs on a host.
+#
+# Runs ON THE HOST with the interpreter of the vLLM environment (the inventory's
+# `python`), Python 3.8+, standard library only; it never imports vLLM or torch.
+# `fleet.onhost.runner.bundle()` writes, in this order: a two-line prologue that drops the
+# working directory from sys.path before anything is imported (a `platform.py` or a
+# `vllm/` package in the login directory must never be executed or found), this module,
+# the modules a script imports from `fleet.onhost`, the script, and one call:
+#
+#     raise SystemExit(serve(OPS, "<base64 of zlib of the JSON request>"))
+#
+# The script answers with ONE envelope on stdout (begin marker, base64 of zlib of JSON,
+# end marker), so that a noisy shell start-up file cannot corrupt the answer:
+#
+#     {"schema": 1, "script": NAME, "result": {...}}              the operation ran
+#     {"schema": 1, "script": NAME, "refused": MSG, "code": CODE}  a clean refusal
+#     {"schema": 1, "script": NAME, "error": "Type: message"}      an unexpected fault
+#
+# No `from __future__` here or in any shipped module: that statement imports the module
+# `__future__`, which the login directory could shadow before the prologue runs.
+import base64
+import json
+import os
+import signal
+import sys
+import zlib
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+SCHEMA = 1
+BEGIN = "----- fleet answer begin -----"
+END = "----- fleet answer end -----"
+
+
+class Refused(Exception):
+    """A request the host cannot serve, answered as {"refused", "code"} (not a crash)."""
+
+    def __init__(self, message: str, code: str = "refused") -> None:
+        Exception.__init__(self, message)
+        self.message = message
+        self.code = code
+
+
+def installed_path() -> List[str]:
+    """sys.path without the working directory ('' for `python -`, or '.')."""
+    return [p for p in sys.path if p not in ("", ".")]
+
+
+def find_vllm() -> Optional[str]:
+    """The real path of the installed vllm package directory, or None.
+
+    importlib.util.find_spec of a top-level name does not execute the package (meta path
+    finders of editable installs are honoured); the working directory is never searched."""
+    import importlib.util
+
+    saved = sys.path[:]
+    sys.path[:] = installed_path()
+    try:
+        spec = importlib.util.find_spec("vllm")
+    finally:
+        sys.path[:] = saved
+    if spec is None:
+        return None
+    locations = list(spec.submodule_search_locations or [])
+    if locations:
+        return os.path.realpath(locations[0])
+    if spec.origin:
+        return os.path.realpath(os.path.dirname(spec.origin))
+    return None
+
+
+def version_from_file(package_dir: str) -> Optional[str]:
+    """vllm/_version.py (setuptools-scm): `__version__ = version = '0.17.0'`."""
+    import ast
+
+    try:
+        with open(os.path.join(package_dir, "_version.py"), "rb") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if "__version__" in names or "version" in names:
+                return str(node.value.value)
+    return None
+
+
+def vllm_version(package_dir: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
+    """(version, source): the installed distribution's metadata, else _version.py."""
+    saved = sys.path[:]
+    sys.path[:] = installed_path()
+    try:
+        from importlib import metadata
+
+        return metadata.version("vllm"), "metadata"
+    except Exception:
+        pass
+    finally:
+        sys.path[:] = saved
+    if package_dir:
+        version = version_from_file(package_dir)
+        if version:
+            return version, "_version.py"
+    return None, None
+
+
+def locate_vllm() -> Dict[str, Any]:
+    """{"package_dir", "version", "version_source", "python", "python_version"};
+    Refused("vllm-not-found") when this interpreter has no vLLM."""
+    package_dir = find_vllm()
+    if package_dir is None:
+        raise Refused("vLLM is not installed for " + sys.executable, "vllm-not-found")
+    version, source = vllm_version(package_dir)
+    if not version:
+        raise Refused("cannot tell the vLLM version of " + package_dir, "vllm-version-unknown")
+    return {
+        "package_dir": package_dir,
+        "version": version,
+        "version_source": source,
+        "python": sys.executable,
+        "python_version": ".".join(str(n) for n in sys.version_info[:3]),
+    }
+
+
+def inside(root: str, relpath: str) -> str:
+    """The path of `relpath` under `root`, refusing absolute paths, '..' and symlinks that
+    resolve outside `root` (Refused "path-escapes-tree")."""
+    parts = relpath.split("/")
+    if not relpath or relpath.startswith("/") or ".." in parts or "\0" in relpath:
+        raise Refused("bad path " + repr(relpath), "path-escapes-tree")
+    path = os.path.join(root, *parts)
+    real = os.path.realpath(path)
+    top = os.path.realpath(root)
+    if real != top and not real.startswith(top.rstrip(os.sep) + os.sep):
+        raise Refused(relpath + " resolves outside " + top, "path-escapes-tree")
+    return path
+
+
+def encode(obj: Any) -> str:
+    return base64.b64encode(zlib.compress(json.dumps(obj).encode("utf-8"), 6)).decode("ascii")
+
+
+def decode(text: str) -> Any:
+    return json.loads(zlib.decompress(base64.b64decode(text)).decode("utf-8"))
+
+
+def emit(doc: Dict[str, Any]) -> None:
+    """Write one answer envelope (and flush); a vanished reader is ignored."""
+    try:
+        sys.stdout.write(BEGIN + "\n" + encode(doc) + "\n" + END + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def hold_on_hangup() -> None:
+    """Ignore SIGHUP: a write in progress finishes even if the SSH connection drops."""
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    except (AttributeError, ValueError):
+        pass
+
+
+class Then:
+    """An operation's answer followed by raw output: serve() emits `result`, then calls
+    `then()` (which writes to stdout) and exits with the status it returns."""
+
+    def __init__(self, result: Dict[str, Any], then: Callable[[], int]) -> None:
+        self.result = result
+        self.then = then
+
+
+def serve(
+    ops: Dict[str, Callable[[Dict[str, Any]], Any]], encoded: str, script: str = "script"
+) -> int:
+    """Decode the request, run ops[request["op"]], answer with one envelope.
+
+    Exit status: 0 when an answer was given (result or refusal), 1 on an unexpected fault,
+    or the status of a `Then` operation's output step."""
+    doc: Dict[str, Any] = {"schema": SCHEMA, "script": script}
+    try:
+        request = decode(encoded)
+        if not isinstance(request, dict):
+            raise Refused("the request is not an object", "bad-request")
+        op = ops.get(request.get("op", ""))
+        if op is None:
+            raise Refused("unknown operation " + repr(request.get("op")), "bad-request")
+        out = op(request)
+        if isinstance(out, Then):
+            doc["result"] = out.result
+            emit(doc)
+            return out.then()
+        doc["result"] = out
+        emit(doc)
+        return 0
+    except Refused as exc:
+        doc["refused"] = exc.message
+        doc["code"] = exc.code
+        emit(doc)
+        return 0
+    except Exception as exc:
+        doc["error"] = type(exc).__name__ + ": " + str(exc)
+        emit(doc)
+        return 1

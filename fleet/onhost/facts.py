@@ -1,0 +1,161 @@
+# fleet facts script: runs ON THE HOST in a bundle (see _common.py), one round trip.
+#
+# It gathers raw observations (python, the vLLM package found without importing it, the
+# EAGLE-3 classes and allowlist read with `ast`, GPUs from nvidia-smi, supervisors, vLLM
+# processes, disk) and answers them in one envelope. Every part runs in its own
+# try/except: a failing part is reported as {"error": "..."} and never breaks the others.
+# The pure parsers in fleet/facts/parsers.py turn the parts into fleet.facts.HostFacts.
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from typing import Any, Callable, Dict, List, Optional
+
+from fleet.onhost._common import find_vllm, vllm_version
+from fleet.onhost.vllm_tree import allowlists, model_classes
+
+NVIDIA_SMI_QUERY = "index,name,memory.total,memory.used,driver_version"
+SUPERVISOR_TOOLS = ("systemctl", "supervisord", "supervisorctl")
+MAX_CMDLINE = 8192
+FLEET_SUPERVISOR_BIN = os.path.join("~", ".fleet", "supervisor", "bin")
+
+
+def _err(exc: BaseException) -> str:
+    return type(exc).__name__ + ": " + str(exc)
+
+
+def part_host() -> Dict[str, Any]:
+    # (no getfqdn: a reverse DNS lookup can hang on hosts with broken resolvers)
+    return {"hostname": socket.gethostname()}
+
+
+def part_python() -> Dict[str, Any]:
+    return {
+        "version": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+        "prefix": sys.prefix,
+    }
+
+
+def part_vllm() -> Dict[str, Any]:
+    path = find_vllm()
+    version, source = vllm_version(path)
+    return {"path": path, "version": version, "version_source": source}
+
+
+def part_gpus() -> Dict[str, Any]:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {"missing": True}
+    cmd = [exe, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return {"path": exe, "timeout": True}
+    return {
+        "path": exe,
+        "exit_code": proc.returncode,
+        "stdout": proc.stdout.decode("utf-8", "replace"),
+        "stderr": proc.stderr.decode("utf-8", "replace"),
+    }
+
+
+def part_supervisors() -> Dict[str, Any]:
+    out: Dict[str, Any] = {
+        "pid1": None,
+        "systemd_booted": os.path.isdir("/run/systemd/system"),
+    }
+    try:
+        with open("/proc/1/comm") as fh:
+            out["pid1"] = fh.read().strip()
+    except Exception as exc:
+        out["pid1_error"] = _err(exc)
+    tools: Dict[str, Optional[str]] = {}
+    out["tools"] = tools
+    beside = [os.path.dirname(sys.executable), os.path.expanduser(FLEET_SUPERVISOR_BIN)]
+    for tool in SUPERVISOR_TOOLS:
+        found = shutil.which(tool)
+        for directory in beside:
+            candidate = os.path.join(directory, tool)
+            if found is None and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                found = candidate
+        tools[tool] = found
+    return out
+
+
+def part_processes() -> Dict[str, Any]:
+    # raw: every process whose command line mentions vllm (any case: workers are titled
+    # "VLLM::Worker_TP0"); the parser decides what a server is
+    me = os.getpid()
+    procs: List[Dict[str, Any]] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open("/proc/" + entry + "/cmdline", "rb") as fh:
+                raw = fh.read(MAX_CMDLINE)
+        except OSError:
+            continue
+        if b"vllm" not in raw.lower():
+            continue
+        argv = [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")]
+        item: Dict[str, Any] = {"pid": int(entry), "argv": argv}
+        try:
+            item["uid"] = os.stat("/proc/" + entry).st_uid
+            with open("/proc/" + entry + "/stat", "rb") as fh:
+                stat = fh.read()
+            item["ppid"] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+        procs.append(item)
+    procs.sort(key=lambda p: p["pid"])
+    return {"processes": procs, "uid": os.getuid()}
+
+
+def _usage(path: str) -> Dict[str, Any]:
+    usage = shutil.disk_usage(path)
+    return {"path": path, "total": usage.total, "used": usage.used, "free": usage.free}
+
+
+def part_disk(vllm_path: Optional[str]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    home = os.path.expanduser("~")
+    try:
+        out["home"] = _usage(home)
+    except Exception as exc:
+        out["home"] = {"path": home, "error": _err(exc)}
+    if vllm_path:
+        try:
+            out["vllm"] = _usage(vllm_path)
+        except Exception as exc:
+            out["vllm"] = {"path": vllm_path, "error": _err(exc)}
+    return out
+
+
+def _part(func: Callable[..., Any], *args: Any) -> Dict[str, Any]:
+    try:
+        return {"value": func(*args)}
+    except Exception as exc:
+        return {"error": _err(exc)}
+
+
+def op_facts(request: Dict[str, Any]) -> Dict[str, Any]:
+    parts: Dict[str, Dict[str, Any]] = {}
+    parts["host"] = _part(part_host)
+    parts["python"] = _part(part_python)
+    parts["vllm"] = _part(part_vllm)
+    vllm_path = (parts["vllm"].get("value") or {}).get("path")
+    if vllm_path:
+        parts["models"] = _part(model_classes, vllm_path)
+        parts["allowlist"] = _part(allowlists, vllm_path)
+    parts["gpus"] = _part(part_gpus)
+    parts["supervisors"] = _part(part_supervisors)
+    parts["processes"] = _part(part_processes)
+    parts["disk"] = _part(part_disk, vllm_path)
+    return {"parts": parts}
+
+
+OPS = {"facts": op_facts}

@@ -1,0 +1,144 @@
+# fleet source script: runs ON THE HOST in a bundle (see _common.py).
+#
+# `fleet source show|grep`: locate the installed vLLM (never importing it), resolve the
+# requested path inside that package directory (symlinks followed; a path that leaves the
+# tree is refused), then run the real `sed -n` or `grep -rn` on it and pass their output
+# through after the answer. The tool runs as a child with a time limit and an output
+# limit: it is killed when either is reached, or when fleet goes away (a write to a closed
+# connection fails), so no remote process outlives the command. Special files (FIFOs,
+# devices, sockets) are never read: refused as a target, skipped by grep (-D skip).
+import errno
+import os
+import select
+import signal
+import stat
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from fleet.onhost._common import Refused, Then, inside, locate_vllm
+
+EXIT_TIME_LIMIT = 124
+CHUNK = 65536
+
+
+def _resolve(request: Dict[str, Any], want_file: bool) -> Dict[str, Any]:
+    where = locate_vllm()
+    root = where["package_dir"]
+    rel = str(request.get("path") or ".")
+    path = root if rel in (".", "") else inside(root, rel)
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        raise Refused(
+            rel + ": no such file or directory in the vLLM tree", "path-not-found"
+        ) from None
+    if want_file and not stat.S_ISREG(st.st_mode):
+        raise Refused(rel + " is not a regular file", "not-a-file")
+    if not want_file and not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise Refused(rel + " is not a regular file or directory", "not-a-file")
+    return {"vllm_dir": root, "file": real}
+
+
+def _count_lines(path: str) -> int:
+    n = 0
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(1 << 20)
+            if not block:
+                return n
+            n += block.count(b"\n")
+
+
+def _nth_newline(data: bytes, n: int) -> int:
+    """The offset of the n-th (1-based) newline in data (n >= 1 and data has that many)."""
+    pos = -1
+    for _ in range(n):
+        pos = data.find(b"\n", pos + 1)
+    return pos
+
+
+def _pass_through(argv: List[str], cwd: str, limit_s: float, max_lines: Optional[int]) -> int:
+    """Run argv, copy its stdout to ours (at most max_lines lines), end it at the limit."""
+    proc = subprocess.Popen(
+        argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + limit_s
+    out = sys.stdout.buffer
+    lines = 0
+    status: Optional[int] = None  # set when we stop the tool ourselves
+    try:
+        fd = proc.stdout.fileno()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                sys.stderr.write("fleet: %s stopped after %.0fs\n" % (argv[0], limit_s))
+                status = EXIT_TIME_LIMIT
+                break
+            ready, _w, _x = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            data = os.read(fd, CHUNK)
+            if not data:
+                break
+            if max_lines is not None and lines + data.count(b"\n") >= max_lines:
+                out.write(data[: _nth_newline(data, max_lines - lines) + 1])
+                status = 0
+                break
+            lines += data.count(b"\n")
+            out.write(data)
+        out.flush()
+    except OSError as exc:
+        if exc.errno != errno.EPIPE:
+            raise
+        status = 141  # fleet went away
+    finally:
+        if status is None:  # the tool closed its output: let it finish
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        code = proc.wait()
+        proc.stdout.close()
+    return code if status is None else status
+
+
+def op_show(request: Dict[str, Any]) -> Any:
+    found = _resolve(request, want_file=True)
+    start = int(request.get("start") or 1)
+    end = request.get("end")
+    total = _count_lines(found["file"])
+    script = "%d,%sp" % (start, "$" if end is None else int(end))
+    if end is not None:
+        script += ";%dq" % int(end)
+    argv = ["sed", "-n", script, found["file"]]
+    limit = float(request.get("time_limit") or 60)
+    result = dict(found, total_lines=total)
+    return Then(result, lambda: _pass_through(argv, found["vllm_dir"], limit, None))
+
+
+def op_grep(request: Dict[str, Any]) -> Any:
+    found = _resolve(request, want_file=False)
+    argv = ["grep", "-rnHIZ", "-D", "skip", "--exclude-dir=__pycache__"]
+    argv.append("-F" if request.get("fixed") else "-E")
+    if request.get("ignore_case"):
+        argv.append("-i")
+    if request.get("max_count"):
+        argv.append("--max-count=%d" % int(request["max_count"]))
+    argv += ["--include=" + str(g) for g in request.get("includes") or []]
+    argv += ["-e", str(request["regex"]), "--", found["file"]]
+    limit = request.get("limit")
+    max_lines = int(limit) + 1 if limit else None  # one more tells that it was cut
+    time_limit = float(request.get("time_limit") or 60)
+    return Then(found, lambda: _pass_through(argv, found["vllm_dir"], time_limit, max_lines))
+
+
+OPS = {"show": op_show, "grep": op_grep}

@@ -1,0 +1,221 @@
+# fleet on-host module: what the installed vLLM source says about EAGLE-3, read with `ast`.
+#
+# Shipped inside bundles (facts, the serve helper, the rehearsal vLLM) and imported
+# locally by the pure parsers (fleet/facts/parsers.py): one judgement of "does this class
+# support EAGLE-3" and "does the config-time allowlist admit this model type" for fleet
+# inspect, serve's preflight and the simulated vLLM. Python 3.8+, standard library only,
+# never imports vLLM.
+import ast
+import os
+from typing import Any, Dict, Iterator, List, Optional
+
+MODEL_FILES = ("model_executor/models/deepseek_v2.py", "model_executor/models/kimi_k25.py")
+# where the config-time EAGLE-3 allowlist lived across versions (0.10-0.20)
+ALLOWLIST_FILES = ("config/speculative.py", "config/__init__.py", "config.py")
+ALLOWLIST_NAMES = ("eagle3_target_supported", "aux_hidden_states_supported")
+EAGLE3_INTERFACE = "SupportsEagle3"
+AUX_LAYERS_METHOD = "set_aux_hidden_state_layers"
+EAGLE3_CLASSES = (
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "KimiK25ForConditionalGeneration",
+)
+# hf_text_config.model_type values checked against the allowlist
+ALLOWLIST_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
+
+
+def _dotted(node: ast.expr) -> Optional[str]:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        left = _dotted(node.value)
+        return None if left is None else left + "." + node.attr
+    if isinstance(node, ast.Subscript):  # Generic[T], Protocol[T]
+        return _dotted(node.value)
+    return None
+
+
+def _module_classes(body: List[ast.stmt]) -> Iterator[ast.ClassDef]:
+    # classes at module level, including those inside module-level if/try blocks
+    for node in body:
+        if isinstance(node, ast.ClassDef):
+            yield node
+        elif isinstance(node, ast.If):
+            for sub in _module_classes(node.body + node.orelse):
+                yield sub
+        elif isinstance(node, ast.Try):
+            handlers: List[ast.stmt] = []
+            for handler in node.handlers:
+                handlers.extend(handler.body)
+            for sub in _module_classes(node.body + handlers + node.orelse + node.finalbody):
+                yield sub
+
+
+def classes_of(source: str) -> Dict[str, Any]:
+    """{class name: {"line", "bases", "methods", "attributes"}} of a module's source."""
+    tree = ast.parse(source)
+    classes: Dict[str, Any] = {}
+    for node in _module_classes(tree.body):
+        methods: List[str] = []
+        attributes: List[str] = []
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                methods.append(item.name)
+            elif isinstance(item, ast.Assign):
+                attributes.extend(t.id for t in item.targets if isinstance(t, ast.Name))
+            elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                attributes.append(item.target.id)
+        classes[node.name] = {
+            "line": node.lineno,
+            "bases": [_dotted(b) or "<expr>" for b in node.bases],
+            "methods": methods,
+            "attributes": attributes,
+        }
+    return classes
+
+
+def model_classes(package_dir: str) -> Dict[str, Any]:
+    """{"files": {relpath: {"classes": ...} | {"missing": true} | {"error": ...}}}."""
+    files: Dict[str, Any] = {}
+    for rel in MODEL_FILES:
+        full = os.path.join(package_dir, rel)
+        if not os.path.isfile(full):
+            files[rel] = {"missing": True}
+            continue
+        try:
+            with open(full, encoding="utf-8") as fh:
+                files[rel] = {"classes": classes_of(fh.read())}
+        except Exception as exc:
+            files[rel] = {"error": type(exc).__name__ + ": " + str(exc)}
+    return {"files": files}
+
+
+def _string_list(node: Optional[ast.expr]) -> Optional[List[str]]:
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        items = []
+        for elt in node.elts:
+            if not (isinstance(elt, ast.Constant) and isinstance(elt.value, str)):
+                return None
+            items.append(elt.value)
+        return items
+    return None
+
+
+def allowlists(package_dir: str) -> Dict[str, Any]:
+    """{"searched": [relpath], "found": [{"file", "name", "line", "entries"}]}: every
+    assignment of an allowlist name in the files where vLLM kept it."""
+    searched: List[str] = []
+    found: List[Dict[str, Any]] = []
+    for rel in ALLOWLIST_FILES:
+        full = os.path.join(package_dir, rel)
+        if not os.path.isfile(full):
+            continue
+        searched.append(rel)
+        with open(full, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in ALLOWLIST_NAMES:
+                    found.append(
+                        {
+                            "file": rel,
+                            "name": target.id,
+                            "line": node.lineno,
+                            "entries": _string_list(node.value),
+                        }
+                    )
+    return {"searched": searched, "found": found}
+
+
+def _short_name(base: str) -> str:
+    return base.rsplit(".", 1)[-1]
+
+
+def eagle3_support(classes: Dict[str, Any], name: str, file: str = "") -> Dict[str, Any]:
+    """How class `name` is judged: does it list SupportsEagle3 among its bases, directly
+    or through a base class defined in the same file (``interfaces.SupportsEagle3``
+    counts), and does it (or an in-file base) define set_aux_hidden_state_layers?"""
+
+    def bases_of(cls: str) -> List[str]:
+        return [str(b) for b in classes.get(cls, {}).get("bases") or []]
+
+    def search(cls: str, path: List[str], seen: set) -> Optional[List[str]]:
+        if cls in seen:
+            return None
+        seen.add(cls)
+        path = [*path, cls]
+        bases = bases_of(cls)
+        if any(_short_name(b) == EAGLE3_INTERFACE for b in bases):
+            return path
+        for base in bases:
+            if "." not in base and base in classes:  # only bases defined in this file
+                found = search(base, path, seen)
+                if found:
+                    return found
+        return None
+
+    def in_file_ancestry(cls: str, seen: set) -> List[str]:
+        if cls in seen or cls not in classes:
+            return []
+        seen.add(cls)
+        out = [cls]
+        for base in bases_of(cls):
+            if "." not in base:
+                out += in_file_ancestry(base, seen)
+        return out
+
+    chain = search(name, [], set())
+    ancestry = in_file_ancestry(name, set())
+    forwards = any(AUX_LAYERS_METHOD in (classes[c].get("methods") or []) for c in ancestry)
+    raw = classes[name]
+    try:
+        line = int(raw.get("line") or 0)
+    except (TypeError, ValueError):
+        line = 0
+    return {
+        "file": file,
+        "line": line,
+        "supported": chain is not None,
+        "via": chain or [],
+        "bases": bases_of(name),
+        "methods": [str(m) for m in raw.get("methods") or []],
+        "forwards_aux_hidden_state_layers": forwards,
+    }
+
+
+def find_class(files: Dict[str, Any], name: str) -> Optional[Dict[str, Any]]:
+    """`eagle3_support` of `name`, judged within the file that defines it, or None."""
+    for rel, entry in sorted(files.items()):
+        classes = entry.get("classes") if isinstance(entry, dict) else None
+        if isinstance(classes, dict) and name in classes:
+            return eagle3_support(classes, name, rel)
+    return None
+
+
+def judge_allowlist(raw: Dict[str, Any]) -> Dict[str, Any]:
+    """vLLM's test ``any(entry in hf_text_config.model_type for entry in allowlist)`` for
+    each of ALLOWLIST_MODEL_TYPES; ``present`` false: no allowlist (nothing refused)."""
+    found = [f for f in raw.get("found") or [] if isinstance(f, dict)]
+    if not found:
+        return {"present": False, "admits": {t: True for t in ALLOWLIST_MODEL_TYPES}}
+    chosen = next((f for f in found if f.get("entries") is not None), found[0])
+    entries = chosen.get("entries")
+    return {
+        "present": True,
+        "file": chosen.get("file"),
+        "name": chosen.get("name"),
+        "line": chosen.get("line"),
+        "entries": [str(e) for e in entries] if entries is not None else None,
+        "admits": {t: admits(entries, t) for t in ALLOWLIST_MODEL_TYPES},
+    }
+
+
+def admits(entries: Optional[List[str]], model_type: str) -> bool:
+    """Whether an allowlist lets `model_type` through (vLLM's substring test)."""
+    return bool(entries) and any(str(e) in model_type for e in entries or [])

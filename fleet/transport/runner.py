@@ -1,0 +1,220 @@
+"""What runs a command on a host: the :class:`Runner` protocol, :class:`Result`, and
+:class:`LocalRunner` (this machine as a host).
+
+``HostConnection`` (SSH) and ``LocalRunner`` both satisfy :class:`Runner`: every remote
+effect in fleet (facts, source, patch, logs, serve) is written against the protocol, so it
+runs unchanged on this machine — which is what the unit tests of those effects do, with
+real processes instead of stand-ins.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from fleet.errors import OperationFailed
+from fleet.transport import shell
+
+if TYPE_CHECKING:
+    from fleet.inventory import HostSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Result:
+    """What a remote command did (Fabric's ``Result`` vocabulary)."""
+
+    host: str
+    command: str
+    exit_code: int
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    duration_s: float
+    bytes_received: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+    def check(self, what: str = "command") -> Result:
+        """Raise :class:`OperationFailed` naming the host when the command failed."""
+        if not self.ok:
+            lines = self.stderr.strip().splitlines() or self.stdout.strip().splitlines()
+            tail = lines[-1] if lines else ""
+            raise OperationFailed(f"{self.host}: {what} exited {self.exit_code}: {tail}")
+        return self
+
+
+class Runner(Protocol):
+    """A host fleet can run commands on."""
+
+    @property
+    def host(self) -> HostSpec: ...
+
+    def run(
+        self,
+        command: shell.Command | Sequence[str],
+        *,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+    ) -> Result: ...
+
+    def stream(
+        self, command: shell.Command | Sequence[str], *, timeout: float | None = None
+    ) -> Iterator[str]: ...
+
+
+def command_text(command: shell.Command | Sequence[str]) -> shell.Command:
+    """The shell text of a command: a :class:`~fleet.transport.shell.Command` as it is,
+    an argv list joined by :func:`fleet.transport.shell.join`."""
+    if isinstance(command, shell.Command):
+        return command
+    if isinstance(command, str):
+        raise TypeError("commands are built by fleet.transport.shell (got a plain string)")
+    return shell.join(list(command))
+
+
+def log_command(host: str, command: str, res: Result) -> None:
+    """One debug line per remote command (``-vv``): host, exit code, duration, bytes."""
+    log.debug(
+        "%s: exit %d in %.3fs, %d bytes: %s",
+        host,
+        res.exit_code,
+        res.duration_s,
+        res.bytes_received,
+        shell.masked(command)[:500],
+    )
+
+
+class LocalRunner:
+    """This machine as a host: commands run as sshd would run them, ``<login shell> -c
+    COMMAND`` (default ``/bin/sh``), in ``cwd`` (default: the current directory) with
+    ``env`` (default: this process's environment)."""
+
+    def __init__(
+        self,
+        host: HostSpec | None = None,
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+        login_shell: str = "/bin/sh",
+    ) -> None:
+        if host is None:
+            import sys
+
+            from fleet.inventory import HostSpec
+
+            host = HostSpec(name="local", python=sys.executable)
+        self._host = host
+        self.cwd = os.fspath(cwd) if cwd is not None else None
+        self.env = env
+        self.login_shell = login_shell
+        self.commands_run = 0
+        self.commands: list[str] = []
+
+    @property
+    def host(self) -> HostSpec:
+        return self._host
+
+    def run(
+        self,
+        command: shell.Command | Sequence[str],
+        *,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+    ) -> Result:
+        cmd = command_text(command)
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        started = time.monotonic()
+        self.commands_run += 1
+        self.commands.append(cmd)
+        try:
+            proc = subprocess.run(
+                [self.login_shell, "-c", cmd],
+                input=data if data is not None else b"",
+                capture_output=True,
+                cwd=self.cwd,
+                env=self.env,
+                timeout=timeout,
+                check=False,
+                start_new_session=True,
+            )
+        except subprocess.TimeoutExpired:
+            raise OperationFailed(
+                f"{self.host.name}: command timed out after {timeout:.0f}s",
+                code="command-timeout",
+            ) from None
+        res = Result(
+            host=self.host.name,
+            command=cmd,
+            exit_code=proc.returncode if proc.returncode >= 0 else 128 - proc.returncode,
+            stdout_bytes=proc.stdout,
+            stderr_bytes=proc.stderr,
+            duration_s=time.monotonic() - started,
+            bytes_received=len(proc.stdout) + len(proc.stderr),
+        )
+        log_command(self.host.name, cmd, res)
+        return res
+
+    def stream(
+        self, command: shell.Command | Sequence[str], *, timeout: float | None = None
+    ) -> Iterator[str]:
+        """Yield stdout lines as they arrive; closing the generator ends the command."""
+        import selectors
+
+        cmd = command_text(command)
+        self.commands_run += 1
+        self.commands.append(cmd)
+        proc = subprocess.Popen(
+            [self.login_shell, "-c", cmd],
+            stdin=subprocess.PIPE,  # held open while streaming, as over SSH
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=self.cwd,
+            env=self.env,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        buf = b""
+        try:
+            while True:
+                if not sel.select(timeout):
+                    return
+                data = os.read(proc.stdout.fileno(), 65536)
+                if not data:
+                    break
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    yield line.decode("utf-8", errors="replace")
+            if buf:
+                yield buf.decode("utf-8", errors="replace")
+        finally:
+            sel.close()
+            if proc.poll() is None:
+                import signal
+
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait()
+            proc.stdout.close()

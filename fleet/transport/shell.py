@@ -1,0 +1,154 @@
+"""The only place that quotes or assembles shell text sent to a host.
+
+Every remote command is a :class:`Command`, and only this module makes one:
+
+- :func:`join` turns an argv list into one command line, each argument one shell word;
+- :func:`sh` runs a one-line POSIX ``sh`` script whatever the login shell is (sshd hands
+  the command to the user's shell: bash, zsh, fish or csh);
+- :func:`script` fills a constant template's ``{{name}}`` fields, quoting each value by its
+  type (text -> one word, :class:`RemotePath` -> a path with the ``~/`` rule, ``int`` ->
+  digits, :class:`Raw` -> a trusted constant fragment, a list -> words);
+- :func:`python` runs the host's interpreter on a script sent on stdin.
+
+``HostConnection.run``/``stream`` accept a :class:`Command` or an argv list, nothing else,
+so a hand-built string is a type error (and ``tests/unit/test_layout.py`` checks that no
+other module imports ``shlex`` or builds a ``Command``/``Raw`` from anything but a
+constant). :func:`masked` is a command as it may be logged (secrets hidden).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from fleet.errors import UsageError
+
+
+class Command(str):
+    """Shell text built by this module: the only kind of string a host is sent to run."""
+
+    __slots__ = ()
+
+
+class Raw(str):
+    """A trusted fragment of shell text written in fleet's code (never user input)."""
+
+    __slots__ = ()
+
+
+class RemotePath(str):
+    """A path on the host; a leading ``~/`` means the remote user's home."""
+
+    __slots__ = ()
+
+
+_SPECIAL = re.compile(r"([\\'!])")
+
+
+def word(text: str) -> str:
+    """``text`` as ONE word for every common login shell: sh, bash, zsh, fish and csh.
+
+    Runs of ordinary characters go in single quotes; each backslash, single quote and
+    ``!`` is written unquoted, escaped by a backslash: inside single quotes fish reads two
+    backslashes as one and csh expands ``!`` (history), while outside quotes every shell
+    reads an escaped character the same way. csh cannot quote a newline: refused."""
+    if "\n" in text or "\0" in text:
+        raise UsageError(f"a remote command cannot contain a newline or NUL: {text[:80]!r}")
+    if not text:
+        return "''"
+    out = []
+    for piece in _SPECIAL.split(text):
+        if piece in ("\\", "'", "!"):
+            out.append("\\" + piece)
+        elif piece:
+            out.append("'" + piece + "'")
+    return "".join(out)
+
+
+def path(remote: str) -> str:
+    """A remote path as one sh word: ``~`` and a leading ``~/`` are the remote user's home
+    (``"$HOME"/...``, expanded by the host's sh); ``~user`` and NUL/newline are refused."""
+    if not remote or "\0" in remote or "\n" in remote:
+        raise UsageError(f"invalid remote path {remote!r}")
+    if remote == "~":
+        return '"$HOME"'
+    if remote.startswith("~/"):
+        rest = remote[2:]
+        return '"$HOME"/' + word(rest) if rest else '"$HOME"/'
+    if remote.startswith("~"):
+        raise UsageError(f"unsupported remote path {remote!r} (use ~/... or an absolute path)")
+    return word(remote)
+
+
+def join(argv: Sequence[str]) -> Command:
+    """An argv list as one command line (each argument one word for any login shell)."""
+    if isinstance(argv, str):
+        raise TypeError("join() takes a list of arguments, not a string")
+    if not argv:
+        raise ValueError("empty command")
+    return Command(" ".join(word(str(a)) for a in argv))
+
+
+_FIELD = re.compile(r"\{\{([a-z_][a-z0-9_]*)\}\}")
+
+Value = str | int | Raw | RemotePath | Sequence[str]
+
+
+def _render(value: Value, name: str) -> str:
+    if isinstance(value, bool):
+        raise TypeError(f"{{{{{name}}}}}: a bool is not a shell value")
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, Raw):
+        return str(value)
+    if isinstance(value, RemotePath):
+        return path(value)
+    if isinstance(value, str):
+        return word(value)
+    return " ".join(word(str(v)) for v in value)
+
+
+def script(template: str, **values: Value) -> str:
+    """A one-line sh script: ``template`` (a constant of fleet's code) with each
+    ``{{name}}`` replaced by its value, quoted by type (see the module docstring)."""
+    used: set[str] = set()
+
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in values:
+            raise KeyError(f"shell template field {{{{{name}}}}} has no value")
+        used.add(name)
+        return _render(values[name], name)
+
+    text = _FIELD.sub(fill, template)
+    unused = set(values) - used
+    if unused:
+        raise KeyError(f"values not used by the shell template: {sorted(unused)}")
+    if "\n" in text:
+        raise UsageError("a remote sh script must be one line")
+    return text
+
+
+def sh(text: str) -> Command:
+    """``sh -c <text>``: run a one-line POSIX sh script whatever the login shell is."""
+    return Command("sh -c " + word(text))
+
+
+def python(interpreter: str) -> Command:
+    """``sh -c 'exec PY -'``: the host's interpreter reading a script from stdin.
+
+    ``PY`` is quoted, except a leading ``~/``, which is the host's home (as in every
+    remote path)."""
+    return sh("exec " + path(interpreter) + " -")
+
+
+def commands(parts: Iterable[str]) -> str:
+    """Join sh fragments made by :func:`script` with ``; ``."""
+    return "; ".join(parts)
+
+
+def masked(command: str) -> str:
+    """The command as it may be logged: API keys and tokens hidden."""
+    from fleet.redact import redact_text
+
+    return redact_text(command)
