@@ -146,8 +146,11 @@ class SimTerminated(Exception):
 
 def sim_fill(fmt: str, args: Any, labels: Optional[Dict[str, Any]] = None) -> str:
     """`fmt % args`; when the number of fields differs between versions, the fields are
-    filled by the words before each one (`labels`: {"tp rank": 3, ...}, longest match)."""
+    filled by the words before each one (`labels`: {"tp rank": 3, ...}, longest match).
+    A format without fields (a version that stopped passing an argument) prints as is."""
     fields = [m for m in _PLACEHOLDER.finditer(fmt) if m.group(0) != "%%"]
+    if not fields:
+        return fmt.replace("%%", "%") if args else fmt
     if labels is not None and (args is None or len(args) != len(fields)):
         values = []
         start = 0
@@ -1148,7 +1151,7 @@ class Sim:
         return isinstance(quant, dict) and quant.get("quant_method") == "compressed-tensors"
 
     def is_multimodal(self) -> bool:
-        return supports_multimodal(model_classes_all(self.pkg), self.target.arch)
+        return supports_multimodal(model_classes_all(self.pkg)["files"], self.target.arch)
 
     def load_drafter(self) -> None:
         self.phase = "drafter"

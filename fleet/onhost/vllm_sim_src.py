@@ -175,7 +175,7 @@ SIM_MESSAGES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...], Optional[str], s
     "worker_died": ((EXECUTOR,), ("Worker proc %s died unexpectedly",), None, "E"),
     "core_died": (
         ("v1/engine/core_client.py", "v1/utils.py"),
-        ("Engine core proc %s died unexpectedly",),
+        ("Engine core proc %s died unexpectedly", "engine core exited unexpectedly"),
         None,
         "A",
     ),

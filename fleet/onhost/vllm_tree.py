@@ -393,6 +393,13 @@ def log_calls(src: SourceFile) -> List[Dict[str, Any]]:
     return found
 
 
+def _may_contain(text: str, needle: str) -> bool:
+    """A cheap test before parsing: the longest word of `needle` is in the raw source
+    (a literal may be split over implicitly concatenated strings, but not mid-word)."""
+    words = [w for w in needle.replace("{}", " ").replace("%s", " ").split() if w]
+    return not words or max(words, key=len) in text
+
+
 def _func_matches(qual: str, func: Optional[str]) -> bool:
     if not func:
         return True
@@ -411,7 +418,7 @@ def find_log_call(
     {"file", "basename", "line", "level", "method", "fmt", "func"}."""
     for rel in files:
         src = source_file(package_dir, rel)
-        if src is None or not any(n in src.text for n in needles):
+        if src is None or not any(_may_contain(src.text, n) for n in needles):
             continue
         calls = log_calls(src)
         for needle in needles:
@@ -459,7 +466,7 @@ def find_string(package_dir: str, rel: str, needle: str) -> Optional[Dict[str, A
     """The first string literal or f-string of `rel` whose text contains `needle`:
     {"line", "node", "text", "source", "func"} (`node` is the ast node)."""
     src = source_file(package_dir, rel)
-    if src is None or needle.split("{}")[0] not in src.text:
+    if src is None or not _may_contain(src.text, needle):
         return None
     best: Optional[Dict[str, Any]] = None
     for node in ast.walk(src.tree):
@@ -784,7 +791,7 @@ def find_raise(
     `needle`: {"file", "line" (the statement's first line), "text", "exc", "message"
     (the string found, for :func:`render_string`), "func"}."""
     src = source_file(package_dir, rel)
-    if src is None or needle.split("{}")[0] not in src.text:
+    if src is None or not _may_contain(src.text, needle):
         return None
     for node in ast.walk(src.tree):
         if not isinstance(node, ast.Raise) or node.exc is None:
