@@ -75,6 +75,8 @@ from fleet.onhost.vllm_tree import (
     allowlists,
     config_registry,
     find_class,
+    find_log_call,
+    find_string,
     judge_allowlist,
     metric_definitions,
     model_classes,
@@ -1189,8 +1191,6 @@ class Sim:
         self.sleep("drafter", 0.4)
 
     def say_sharing(self, what: str) -> None:
-        from fleet.onhost.vllm_tree import find_log_call
-
         needle = "Detected EAGLE model without its own %s" % what
         found = find_log_call(self.pkg, list(PROPOSERS), [needle])
         if found is not None and found["level"] != "DEBUG":
@@ -1351,8 +1351,6 @@ class Sim:
     def fail_profile(self, frames: List[Frame], exc: str) -> None:
         """A worker error in an RPC after start-up (the profile run): each worker logs
         "WorkerProc hit an exception.", the EngineCore's collective_rpc raises."""
-        from fleet.onhost.vllm_tree import find_log_call
-
         found = find_log_call(self.pkg, [EXECUTOR], ["WorkerProc hit an exception."])
         for proc in self.workers:
             if found is not None:
@@ -1515,8 +1513,6 @@ class Sim:
             self.stall()
         desc = None
         found = None
-        from fleet.onhost.vllm_tree import find_string
-
         found = find_string(self.pkg, RUNNER, "Capturing CUDA graphs")
         desc = found["text"] if found is not None else "Capturing CUDA graphs ({}, {})"
         if not bool(self.args.get("enforce_eager")):

@@ -12,7 +12,11 @@ import ast
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
-from fleet.onhost.vllm_tree import source_file
+from fleet.onhost.vllm_tree import (
+    class_defined_in,
+    class_fields,
+    source_file,
+)
 
 SIM_USAGE = "usage: vllm serve [model_tag] [options]"
 ARG_FILES = (
@@ -255,8 +259,6 @@ def _is_number(text: str) -> bool:
 def sim_spec_fields(package_dir: str) -> Optional[List[str]]:
     """The init arguments of SpeculativeConfig (a pydantic dataclass: unknown keys are
     rejected as `Unexpected keyword argument`)."""
-    from fleet.onhost.vllm_tree import class_defined_in, class_fields
-
     rel = class_defined_in(
         package_dir,
         ["config/speculative.py", "config/__init__.py", "config.py"],

@@ -249,8 +249,9 @@ class Frame:
 
 
 def caret_line(raw: str, callee: Optional[str]) -> Optional[str]:
-    """CPython 3.11+'s `^^^` under the call that is executing, when that call is only
-    part of the line (the whole line highlighted is omitted, as CPython does)."""
+    """CPython 3.11+'s carets under the call that is executing. 3.11/3.12: `^` under the
+    call, omitted when the call is the whole line; 3.13+: `~` under the callee and `^`
+    under the arguments, always shown."""
     if sys.version_info < (3, 11) or callee is None:
         return None
     import ast
@@ -267,17 +268,18 @@ def caret_line(raw: str, callee: Optional[str]) -> Optional[str]:
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
         if name == callee or callee == "*":
-            span = (node.col_offset, node.end_col_offset or node.col_offset)
-            if best is None or span[1] - span[0] < best[1] - best[0]:
-                best = span
+            end = node.end_col_offset or node.col_offset
+            if best is None or end - node.col_offset < best[1] - best[0]:
+                best = (node.col_offset, end, func.end_col_offset or end)
     if best is None:
         return None
-    start, end = best
+    start, end, func_end = best
+    end = min(end, len(stripped))
+    if sys.version_info >= (3, 13):
+        return "    " + " " * start + "~" * (func_end - start) + "^" * (end - func_end)
     if start == 0 and end >= len(stripped):
         return None
-    if (node_end := end) > len(stripped):  # pragma: no cover - defensive
-        node_end = len(stripped)
-    return "    " + " " * start + "^" * (node_end - start)
+    return "    " + " " * start + "^" * (end - start)
 
 
 def traceback_text(frames: List[Frame], exception: str) -> str:

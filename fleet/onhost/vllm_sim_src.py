@@ -22,6 +22,7 @@ from fleet.onhost.vllm_tree import (
     find_raise,
     find_string,
     literal_text,
+    log_calls,
     render_string,
     source_file,
 )
@@ -304,8 +305,6 @@ class SimSource:
     def _non_debug(
         self, files: List[str], needle: str, func: Optional[str]
     ) -> Optional[Dict[str, Any]]:
-        from fleet.onhost.vllm_tree import log_calls
-
         for rel in files:
             src = source_file(self.pkg, rel)
             if src is None:
