@@ -429,7 +429,6 @@ class Sim:
             except KeyboardInterrupt:
                 self.report_terminated(ctrl_c=True)
                 raise SimExit(130, signal.SIGINT) from None
-            signal.signal(signal.SIGINT, self._on_sigterm)
             return self.serve_forever()
         except SimExit as done:
             self.cleanup()
@@ -1024,7 +1023,7 @@ class Sim:
     ) -> None:
         """The safetensors bar of one checkpoint on TP0's stderr, a shard per update."""
         fmt = self.bar_format() or SIM_BAR_FORMAT
-        bar = Tqdm(proc.stderr, "Loading safetensors checkpoint shards", total, fmt)
+        bar = Tqdm(proc.stderr, "Loading safetensors checkpoint shards", total, fmt, mininterval=0)
         step = seconds / max(1, total)
         per_shard = self.target_bytes() / max(1, total) / MIB if label == "target" else 0
         for n in range(1, total + 1):
@@ -1521,7 +1520,7 @@ class Sim:
             for kind, mode, count in SIM_GRAPH_SIZES:
                 text = desc.replace("{}", kind, 1).replace("{}", mode, 1)
                 proc = self.workers[0]
-                bar = Tqdm(proc.stderr, text, count, None)
+                bar = Tqdm(proc.stderr, text, count, None, mininterval=0)
                 for _ in range(count):
                     self.pause(seconds / total_items)
                     bar.update(1)
@@ -1650,6 +1649,10 @@ class Sim:
         for path, methods in SIM_ROUTES:
             self.say("route", (path, methods))
         self.sleep("api")
+        # serve_http installed its SIGINT/SIGTERM handlers (a graceful shutdown) before
+        # uvicorn starts: from here a SIGTERM is no KeyboardInterrupt any more
+        self.ready = True
+        signal.signal(signal.SIGINT, self._on_sigterm)
         self.api.stderr("INFO:     Started server process [%d]\n" % self.api.pid)
         self.api.stderr("INFO:     Waiting for application startup.\n")
         definitions = metric_definitions(self.pkg, "v1/spec_decode/metrics.py")
@@ -1677,7 +1680,6 @@ class Sim:
         self.api.stderr("INFO:     Application startup complete.\n")
         assert self.sock is not None
         self.server = sim_serve(self.sock, self.app)
-        self.ready = True
         self.phase = "ready"
 
     def serve_forever(self) -> int:
@@ -1722,11 +1724,10 @@ class Sim:
         if signalled:
             self.say("http_shutdown", ())
         self.api.stderr("INFO:     Shutting down\n")
-        try:
-            self.server.shutdown()
-            self.server.server_close()
-        except Exception:
-            pass
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         self.api.stderr("INFO:     Waiting for application shutdown.\n")
         self.api.stderr("INFO:     Application shutdown complete.\n")
         if finished:

@@ -129,7 +129,7 @@ SIM_MESSAGES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...], Optional[str], s
     ),
     "compile_total": (
         ("compilation/monitor.py",),
-        ("torch.compile takes %.2f s in total",),
+        ("torch.compile takes %.2f s in total", "torch.compile took %.2f s in total"),
         None,
         "W0",
     ),

@@ -377,6 +377,10 @@ def log_calls(src: SourceFile) -> List[Dict[str, Any]]:
         text = fmt.value if isinstance(fmt, ast.Constant) else None
         if not isinstance(text, str):
             text = None
+        if isinstance(fmt, ast.Name):
+            # `def f(..., message: str = "torch.compile took %.2f s in total")` then
+            # `logger.info_once(message, ...)`: the parameter's default is the format
+            text = _parameter_default(src, src.enclosing(node.lineno), fmt.id)
         found.append(
             {
                 "line": node.lineno,
@@ -391,6 +395,21 @@ def log_calls(src: SourceFile) -> List[Dict[str, Any]]:
     found.sort(key=lambda c: c["line"])
     src.log_cache = found
     return found
+
+
+def _parameter_default(src: SourceFile, qualname: str, name: str) -> Optional[str]:
+    fn = src.function(qualname) if qualname else None
+    if fn is None:
+        return None
+    args = fn.args
+    positional = list(args.posonlyargs) + list(args.args)
+    defaults: List[Any] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    pairs = [(positional[i], defaults[i]) for i in range(len(positional))]
+    pairs += [(args.kwonlyargs[i], args.kw_defaults[i]) for i in range(len(args.kwonlyargs))]
+    for arg, default in pairs:
+        if arg.arg == name and isinstance(default, ast.Constant) and isinstance(default.value, str):
+            return default.value
+    return None
 
 
 def _may_contain(text: str, needle: str) -> bool:
