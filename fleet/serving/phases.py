@@ -185,7 +185,7 @@ PATTERNS: tuple[Pattern, ...] = (
         "v1/worker/gpu_model_runner.py",
     ),
     # -- profile run and torch.compile
-    Pattern("compile", "Model loading took %s", "v1/worker/gpu_model_runner.py", prefix=True),
+    Pattern("compile", "Model loading took ", "v1/worker/gpu_model_runner.py", prefix=True),
     Pattern(
         "compile",
         "Encoder cache will be initialized with a budget of %s tokens",
@@ -218,8 +218,10 @@ PATTERNS: tuple[Pattern, ...] = (
         "compile",
         "torch.compile takes %.2f s in total",
         "compilation/monitor.py",
-        ("<=0.14", "0.15-0.17", ">=0.18"),
+        ("<=0.14", "0.15-0.17"),
     ),
+    # 0.18 passes the format as a parameter default (monitor_torch_compile(message=...))
+    Pattern("compile", "torch.compile took %.2f s in total", "compilation/monitor.py", (">=0.18",)),
     Pattern(
         "compile", "Initial profiling/warmup run took %.2f s", "compilation/monitor.py", (">=0.18",)
     ),
@@ -233,7 +235,7 @@ PATTERNS: tuple[Pattern, ...] = (
         "v1/worker/gpu_model_runner.py",
         (">=0.18",),
     ),
-    Pattern("kv-cache", "Available KV cache memory: %s GiB", "v1/worker/gpu_worker.py"),
+    Pattern("kv-cache", "Available KV cache memory: ", "v1/worker/gpu_worker.py", prefix=True),
     Pattern("kv-cache", "GPU KV cache size: %s tokens", "v1/core/kv_cache_utils.py"),
     Pattern(
         "kv-cache",
@@ -311,6 +313,7 @@ _HEADER = re.compile(
 )
 _UVICORN = re.compile(r"^(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+")
 _SEQ = re.compile(r" \[seq=\d+\]$")
+_PREFIX_ONLY = re.compile(r"^(?:\x1b\[[0-9;]*m|\([^()]*? pid=\d+[^()]*\)|\s)*$")
 
 
 def strip_prefixes(text: str) -> str:
@@ -352,7 +355,9 @@ def segments(raw: str) -> list[str]:
                 prefix = part
                 if strip_prefixes(part).strip() == "":
                     continue
-            out.append(prefix + part if i > 0 else part)
+            if i > 0 and not part:
+                continue  # a trailing \r (a multi-line record's line end)
+            out.append(prefix + part if i > 0 and _PREFIX_ONLY.match(prefix) else part)
     return [s for s in out if s.strip()]
 
 
