@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from fleet.errors import OperationFailed, UsageError
 from fleet.sandbox import model
 from fleet.sandbox.local import LocalBackend, reserved_ports, write_text_atomic
+from fleet.transport.runner import Result
 
 Progress = Callable[[str], None]
 
@@ -400,7 +401,33 @@ class Sandbox:
     def fleet_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["FLEET_INVENTORY"] = str(self.inventory_path)
+        env.setdefault("COLUMNS", "200")
+        env.setdefault("FLEET_CONNECT_ATTEMPTS", "1")
         return env
+
+    def on_host(
+        self,
+        name: str,
+        command: str | Sequence[str],
+        *,
+        stdin: str | bytes | None = None,
+        timeout: float = 600.0,
+        check: bool = True,
+    ) -> Result:
+        """Run a command on one rehearsal host over SSH, through fleet's own transport.
+
+        ``command`` is an argv list, or a POSIX sh script written by the caller (a test):
+        it is sent as one ``sh -c`` word, whatever the login shell is."""
+        from fleet.inventory import load_inventory
+        from fleet.transport import Session, shell
+
+        inventory = load_inventory(self.inventory_path)
+        cmd = shell.sh(command) if isinstance(command, str) else shell.join(list(command))
+        with Session(inventory) as session:
+            res = session.connect(inventory.hosts[name]).run(cmd, stdin=stdin, timeout=timeout)
+        if check and not res.ok:
+            raise OperationFailed(f"{name}: exit {res.exit_code}: {res.stderr.strip()[-500:]}")
+        return res
 
     def run_fleet(
         self, *args: str, timeout: float = 120.0, input: str | None = None

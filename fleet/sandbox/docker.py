@@ -72,7 +72,7 @@ def image_tag(version: str) -> str:
 
 def stage_context(context: Path, tree: Path) -> Path:
     """The docker build context of one vLLM version: vLLM files, nvidia-smi, sshd snippet."""
-    from fleet.sandbox import nvidia_smi
+    from fleet.onhost import nvidia_smi
 
     src = docker_dir()
     if context.exists():

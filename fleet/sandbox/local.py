@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import socket
 import subprocess
@@ -29,6 +28,7 @@ from typing import Any
 from fleet.errors import OperationFailed
 from fleet.sandbox import model
 from fleet.sandbox.procs import ProcessRecord, environ_of, stop_tree
+from fleet.transport import shell
 
 SBIN_DIRS = (
     "/usr/sbin",
@@ -402,7 +402,7 @@ def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:
 
 def install_nvidia_smi(home: Path, *, python: str) -> Path:
     """``home/bin/nvidia-smi``: a sh launcher running the stand-in with the host's Python."""
-    from fleet.sandbox import nvidia_smi
+    from fleet.onhost import nvidia_smi
 
     script = home / ".fleet-sandbox" / "nvidia_smi.py"
     write_text_atomic(script, Path(nvidia_smi.__file__).read_text(encoding="utf-8"))
@@ -410,7 +410,8 @@ def install_nvidia_smi(home: Path, *, python: str) -> Path:
     write_text_atomic(
         launcher,
         "#!/bin/sh\n# fleet sandbox stand-in for NVIDIA's nvidia-smi (8 x NVIDIA B200)\n"
-        f'exec {shlex.quote(python)} {shlex.quote(str(script))} "$@"\n',
+        + shell.script('exec {{argv}} "$@"', argv=[python, str(script)])
+        + "\n",
         mode=0o755,
     )
     return launcher

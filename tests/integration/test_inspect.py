@@ -99,7 +99,11 @@ def run_fleet(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, FLEET_CONNECT_ATTEMPTS="1", COLUMNS="200")
     return subprocess.run(
         [sys.executable, "-m", "fleet", "--inventory", str(inventory), *args],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
     )
 
 
@@ -116,9 +120,7 @@ def test_wrong_python_fails_that_host_only(shared_sandbox: Sandbox, tmp_path: Pa
     assert doc["hosts"][second]["ok"] is True
 
 
-def test_host_without_vllm_is_reported_not_failed(
-    shared_sandbox: Sandbox, tmp_path: Path
-) -> None:
+def test_host_without_vllm_is_reported_not_failed(shared_sandbox: Sandbox, tmp_path: Path) -> None:
     # the system interpreter of the host: Python runs, vLLM is not installed for it
     name = shared_sandbox.hosts[0].name
     inventory = _inventory_copy(shared_sandbox, tmp_path, {name: {"python": sys.executable}})
@@ -156,8 +158,9 @@ def test_running_vllm_server_is_seen(shared_sandbox: Sandbox, tmp_path: Path) ->
     # argv as the kernel sets it: [python, .../vllm, serve, MODEL, --port, 8123]; Popen
     # returns after the exec, so the command line is already in /proc
     secret = "sk-inspectsecret0123456789abcdef"
-    proc = subprocess.Popen([str(fake), "serve", "/models/Kimi-K2.5", "--port", "8123",
-                             "--api-key", secret])
+    proc = subprocess.Popen(
+        [str(fake), "serve", "/models/Kimi-K2.5", "--port", "8123", "--api-key", secret]
+    )
     try:
         name = shared_sandbox.hosts[0].name
         res, doc = inspect_json(shared_sandbox, name)

@@ -139,7 +139,9 @@ def test_sshd_killed_mid_run(sandbox: Sandbox) -> None:
 
         killer = threading.Thread(target=kill_when_running)
         killer.start()
-        outcomes = fan_out(session, hosts, lambda c: c.run("sleep 5; echo done", timeout=30).stdout)
+        outcomes = fan_out(
+            session, hosts, lambda c: c.run(["sh", "-c", "sleep 5; echo done"], timeout=30).stdout
+        )
         killer.join()
     by = {o.host: o for o in outcomes}
     assert by[victim].status == "unreachable"
@@ -234,7 +236,7 @@ def test_ctrl_c_closes_every_connection(shared_sandbox: Sandbox) -> None:
                 sys.stdout.flush()
         try:
             fan_out(session, list(inv.hosts.values()),
-                    lambda c: (say("started"), c.run("sleep 60")))
+                    lambda c: (say("started"), c.run(["sleep", "60"])))
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             sys.exit(130)

@@ -16,30 +16,53 @@ MSG = "ValueError: No available memory for the cache blocks."
 @pytest.mark.parametrize(
     ("raw", "proc", "level"),
     [
-        (f"(EngineCore_DP0 pid=17374) ERROR 09-28 15:47:24 [core.py:718] {MSG}", "EngineCore_DP0", "ERROR"),
-        (f"(Worker_TP3 pid=9) ERROR 09-28 15:47:24 [multiproc_executor.py:811] {MSG}", "Worker_TP3", "ERROR"),
+        (
+            f"(EngineCore_DP0 pid=17374) ERROR 09-28 15:47:24 [core.py:718] {MSG}",
+            "EngineCore_DP0",
+            "ERROR",
+        ),
+        (
+            f"(Worker_TP3 pid=9) ERROR 09-28 15:47:24 [multiproc_executor.py:811] {MSG}",
+            "Worker_TP3",
+            "ERROR",
+        ),
         (f"(APIServer pid=1) {MSG}", "APIServer", None),
         (f"ERROR 09-28 15:47:24 [core.py:718] {MSG}", None, "ERROR"),
         # pre-0.6 format without the opening bracket
         (f"ERROR 08-23 08:25:25 multiproc_worker_utils.py:226] {MSG}", None, "ERROR"),
         # DEBUG file paths shortened with "..."
         (f"WARNING 09-28 15:47:24 [model_executor/.../fp8_utils.py:12] {MSG}", None, "WARNING"),
-        (f"(RayWorkerWrapper pid=2211, ip=10.0.0.12) ERROR 05-06 14:20:15 [core.py:387] {MSG}",
-         "RayWorkerWrapper", "ERROR"),
+        (
+            f"(RayWorkerWrapper pid=2211, ip=10.0.0.12) ERROR 05-06 14:20:15 [core.py:387] {MSG}",
+            "RayWorkerWrapper",
+            "ERROR",
+        ),
         (f"(pid=77) {MSG}", "pid77", None),
-        (f"(VllmWorkerProcess pid=232) ERROR 08-23 08:25:25 multiproc_worker_utils.py:226] {MSG}",
-         "VllmWorkerProcess", "ERROR"),
+        (
+            f"(VllmWorkerProcess pid=232) ERROR 08-23 08:25:25 multiproc_worker_utils.py:226] {MSG}",
+            "VllmWorkerProcess",
+            "ERROR",
+        ),
         (f"ERROR:    {MSG}", None, "ERROR"),
-        (f"2025-09-28T15:47:24.1234567Z (EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] {MSG}",
-         "EngineCore_DP0", "ERROR"),
+        (
+            f"2025-09-28T15:47:24.1234567Z (EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] {MSG}",
+            "EngineCore_DP0",
+            "ERROR",
+        ),
         (f"[2025-09-28 15:47:24] {MSG}", None, None),
         (f"  123 | (EngineCore_DP0 pid=1) {MSG}", "EngineCore_DP0", None),
-        (f"vllm-1  | (EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] {MSG}",
-         "EngineCore_DP0", "ERROR"),
+        (
+            f"vllm-1  | (EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] {MSG}",
+            "EngineCore_DP0",
+            "ERROR",
+        ),
         (f"Sep 28 15:47:24 gpu-01 vllm[1234]: {MSG}", None, None),
         (f"[pod/vllm-0/vllm] {MSG}", None, None),
-        (f"(EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] {MSG} [repeated 7x across cluster]",
-         "EngineCore_DP0", "ERROR"),
+        (
+            f"(EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] {MSG} [repeated 7x across cluster]",
+            "EngineCore_DP0",
+            "ERROR",
+        ),
     ],
 )
 def test_prefixes_are_stripped(raw: str, proc: str | None, level: str | None) -> None:
@@ -63,8 +86,14 @@ def test_ansi_and_carriage_returns() -> None:
 
 
 def test_json_logging_takes_message_and_exc_info() -> None:
-    raw = json.dumps({"asctime": "x", "levelname": "ERROR", "message": "EngineCore failed to start.",
-                      "exc_info": f"Traceback (most recent call last):\n{MSG}"})
+    raw = json.dumps(
+        {
+            "asctime": "x",
+            "levelname": "ERROR",
+            "message": "EngineCore failed to start.",
+            "exc_info": f"Traceback (most recent call last):\n{MSG}",
+        }
+    )
     assert normalize(raw).text.splitlines()[-1] == MSG
 
 

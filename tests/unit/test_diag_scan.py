@@ -47,7 +47,9 @@ def test_ansi_coloured_info_prefix(tmp_path: Path) -> None:
 
 def test_context_line_at_info_level_far_from_the_error(tmp_path: Path) -> None:
     """``Loading drafter model...`` is an INFO line; the drafter rule needs it as context."""
-    drafter = "(Worker_TP0 pid=9) INFO 11-02 10:21:10 [gpu_model_runner.py:4370] Loading drafter model..."
+    drafter = (
+        "(Worker_TP0 pid=9) INFO 11-02 10:21:10 [gpu_model_runner.py:4370] Loading drafter model..."
+    )
     log = tmp_path / "ctx.log"
     log.write_text("\n".join([drafter, *[INFO] * 40, LOAD]) + "\n")
     assert same(log) == [("drafter-incompatible", [42])]

@@ -29,7 +29,9 @@ from fleet.transport import LocalRunner, shell
 ONHOST = Path(runner.__file__).resolve().parent
 LOCAL_ONLY = {"__init__", "runner"}
 SHIPPED = sorted(p.stem for p in ONHOST.glob("*.py") if p.stem not in LOCAL_ONLY)
-SCRIPTS = sorted(m for m in SHIPPED if "OPS" in runner.defined_names(ast.parse((ONHOST / f"{m}.py").read_text())))
+SCRIPTS = sorted(
+    m for m in SHIPPED if "OPS" in runner.defined_names(ast.parse((ONHOST / f"{m}.py").read_text()))
+)
 
 # One harmless request per script; a new script needs an entry (test_every_script_is_covered).
 SAMPLE: dict[str, dict[str, Any]] = {
@@ -50,9 +52,10 @@ NEWER_APIS = ("removeprefix", "removesuffix", "strict=", "math.lcm", "str | ", "
 def _interpreters() -> list[str]:
     found = [sys.executable]
     for minor in (8, 9):
-        for exe in [shutil.which(f"python3.{minor}"), *sorted(
-            glob.glob(os.path.expanduser(f"~/.pyenv/versions/3.{minor}.*/bin/python3"))
-        )]:
+        for exe in [
+            shutil.which(f"python3.{minor}"),
+            *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/3.{minor}.*/bin/python3"))),
+        ]:
             if exe and subprocess.run([exe, "-c", "pass"], capture_output=True).returncode == 0:
                 found.append(exe)
                 break
@@ -181,4 +184,4 @@ def test_answers_that_are_not_understood(stdout: bytes | None, exit_code: int, m
 
 def test_python_command_quotes_the_interpreter_for_any_shell() -> None:
     assert shell.python("/env/bin/python") == "sh -c 'exec '\\''/env/bin/python'\\'' -'"
-    assert shell.python("~/env/bin/python").startswith("sh -c 'exec \"$HOME\"/")
+    assert shell.python("~/env/bin/python").startswith('sh -c \'exec "$HOME"/')

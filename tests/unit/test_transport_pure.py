@@ -1,8 +1,7 @@
-"""Pure parts of the transport: quoting, host-key files, fault classification, fan-out."""
+"""Pure parts of the transport: host-key files, fault classification, the parallel map."""
 
 from __future__ import annotations
 
-import shlex
 import socket
 import subprocess
 import threading
@@ -13,26 +12,10 @@ import pytest
 
 from fleet.errors import ConnectError, OperationFailed
 from fleet.inventory import HostSpec
-from fleet.transport import exit_code, fan_out, to_command
+from fleet.transport import exit_code, map_hosts
 from fleet.transport.connection import _is_transient
 from fleet.transport.hostkeys import check_key, fingerprint, known_hosts_name, pin_key
 from fleet.transport.session import Session
-
-NASTY = ["a b", "it's", 'say "hi"', "x;touch {m}", "$(touch {m})", "`touch {m}`", "*", "\\n"]
-
-
-def test_argv_is_quoted_and_inert(tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
-    args = [a.format(m=marker) for a in NASTY]
-    cmd = to_command(["printf", "%s\\n", *args])
-    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, cwd=tmp_path)
-    assert out.stdout.splitlines() == args
-    assert not marker.exists()
-    assert shlex.split(cmd)[2:] == args
-
-
-def test_string_command_is_sent_as_is() -> None:
-    assert to_command("ls | wc -l") == "ls | wc -l"
 
 
 def _key() -> paramiko.PKey:
@@ -131,61 +114,43 @@ def test_jump_spec_parsing() -> None:
     assert session.jump_spec(HostSpec(name="x")) is None
 
 
-class _StubConn:
-    def __init__(self, host: HostSpec) -> None:
-        self.host = host
-
-
-class _StubSession:
-    """Stands in for Session only to test the parallel map's bookkeeping."""
-
-    def __init__(self, down: set[str]) -> None:
-        self.down = down
-        self.active = 0
-        self.peak = 0
-        self.lock = threading.Lock()
-
-    def connect(self, host: HostSpec) -> _StubConn:
-        if host.name in self.down:
-            raise ConnectError(host.name, "cannot connect: connection refused")
-        return _StubConn(host)
-
-    def close(self) -> None:
-        pass
-
-
-def test_fan_out_bounds_parallelism_and_keeps_order() -> None:
+def test_map_hosts_bounds_parallelism_and_keeps_order() -> None:
     hosts = [HostSpec(name=f"h{i:02d}") for i in range(20)]
-    stub = _StubSession(down={"h03"})
+    lock = threading.Lock()
+    active = peak = 0
     four_in_flight = threading.Event()
 
-    def work(conn: _StubConn) -> str:
-        with stub.lock:
-            stub.active += 1
-            stub.peak = max(stub.peak, stub.active)
+    def work(host: HostSpec) -> str:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
         try:
-            if conn.host.name == "h07":
+            if host.name == "h03":
+                raise ConnectError(host.name, "cannot connect: connection refused")
+            if host.name == "h07":
                 raise OperationFailed("h07: disk full")
-            if conn.host.name == "h08":
+            if host.name == "h08":
                 raise ValueError("bug")
             # The first workers wait until four are in flight at once: only possible if the
             # map really runs --forks of them in parallel (a serial map never gets there).
-            with stub.lock:
-                if stub.active == 4:
+            with lock:
+                if active == 4:
                     four_in_flight.set()
             four_in_flight.wait(timeout=10)
-            return conn.host.name.upper()
+            return host.name.upper()
         finally:
-            with stub.lock:
-                stub.active -= 1
+            with lock:
+                active -= 1
 
-    outcomes = fan_out(stub, hosts, work, forks=4)  # type: ignore[arg-type]
+    outcomes = map_hosts(hosts, work, forks=4)
     assert [o.host for o in outcomes] == [h.name for h in hosts]
-    assert stub.peak == 4  # parallel, and never more than --forks
+    assert peak == 4  # parallel, and never more than --forks
     by = {o.host: o for o in outcomes}
     assert by["h03"].status == "unreachable" and "refused" in (by["h03"].error or "")
     assert by["h07"].status == "failed" and by["h07"].error == "disk full"
     assert by["h08"].status == "failed" and "ValueError" in (by["h08"].error or "")
+    assert by["h08"].code == "internal-error" and isinstance(by["h08"].exc, ValueError)
     assert by["h00"].value == "H00"
     assert exit_code(outcomes) == 3
     assert exit_code([o for o in outcomes if o.host != "h03"]) == 1
@@ -199,15 +164,12 @@ def test_failure_lines_escape_markup() -> None:
     from fleet.transport import HostOutcome
 
     out = Console(record=True, width=200, force_terminal=False)
-    render._console = out
-    try:
-        render.print_outcomes(
-            [HostOutcome("[/x]", "unreachable", error="[bold]boom[/bold] at [/]", hint="[/red]")],
-            ["col"],
-            lambda v: [str(v)],
-        )
-    finally:
-        render._console = None
+    render.host_table(
+        out,
+        [HostOutcome("[/x]", "unreachable", error="[bold]boom[/bold] at [/]", hint="[/red]")],
+        ["col"],
+        lambda v: [str(v)],
+    )
     text = out.export_text()
     assert "[/x]: [bold]boom[/bold] at [/]" in text
     assert "next: [/red]" in text
