@@ -29,7 +29,10 @@ def test_inspect_source_and_patch_name_the_installed_vllm(sandbox: Sandbox) -> N
         host
     ]["vllm"]["path"]
     # a copy of the installed files as a regular package in the login directory
-    copy = f'mkdir -p ~/vllm/model_executor/models ~/vllm/config && : > ~/vllm/__init__.py && for f in {DS} {KIMI} {SPEC}; do cp "$1/$f" ~/vllm/$f; done'
+    copy = (
+        "mkdir -p ~/vllm/model_executor/models ~/vllm/config && : > ~/vllm/__init__.py && "
+        f'for f in {DS} {KIMI} {SPEC}; do cp "$1/$f" ~/vllm/$f; done'
+    )
     sandbox.on_host(host, ["sh", "-c", copy, "sh", installed])
     before = sandbox.on_host(host, "cd ~/vllm && sha256sum " + " ".join((DS, KIMI, SPEC))).stdout
 
