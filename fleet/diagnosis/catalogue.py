@@ -52,6 +52,7 @@ class CompiledFrame:
 
 # A traceback's frame line and the path/function it names.
 FRAME_LITERAL = 'File "'
+ERROR_LEVEL_LITERALS = ("ERROR", "CRITICAL", "FATAL")
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,22 @@ class CompiledCatalogue:
 
 
 _ROLE_CONFIDENCE = {"cause": "high", "symptom": "medium", "wrapper": "low"}
-RUN_MIN = 16  # a literal run this long identifies a message (template matching)
+RUN_MIN = 20  # a literal run this long identifies a message (template matching)
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+
+
+_EXC_PREFIX = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Warning)?:\s*")
+
+
+def _message_runs(regex: str) -> tuple[str, ...]:
+    """Literal runs of a pattern that identify a message (an exception-type prefix such
+    as ``AssertionError: `` is not a message)."""
+    out = []
+    for run in literal_runs(regex, RUN_MIN):
+        run = _EXC_PREFIX.sub("", run, count=1)
+        if len(run.strip()) >= RUN_MIN:
+            out.append(run)
+    return tuple(out)
 
 
 def template_patterns(cat: CompiledCatalogue, text: str) -> list[CompiledPattern]:
@@ -185,7 +200,7 @@ def compile_catalogue(cat: Catalogue) -> CompiledCatalogue:
                     role=spec.role or rule.role,
                     info=spec.info,
                     confidence=spec.confidence or _ROLE_CONFIDENCE[spec.role or rule.role],
-                    runs=tuple(literal_runs(spec.regex, RUN_MIN)),
+                    runs=_message_runs(spec.regex),
                 )
             )
     literals.update(_literals_for(cat.exception_line, "exception_line", gates))
@@ -193,6 +208,8 @@ def compile_catalogue(cat: Catalogue) -> CompiledCatalogue:
     if not _covered(FRAME_LITERAL, gates):
         raise CatalogueError(f"the frame literal {FRAME_LITERAL!r} contains none of the gates")
     literals.add(FRAME_LITERAL)
+    # error-level lines (the engine's "not clean" fallback) must reach it from a remote grep
+    literals.update(g for g in ERROR_LEVEL_LITERALS if _covered(g, gates))
     markers = []
     for i, sig in enumerate(cat.fatal_markers):
         literals.update(_literals_for(sig.regex, f"fatal marker {i + 1}", gates))

@@ -345,7 +345,8 @@ class Engine:
         tr = self._trace(norm.proc, lineno, None)
         if len(tr.frames) >= 400:
             del tr.frames[:200]
-        tr.frames.append(_Frame(lineno, norm.text.strip(), m.group("path"), m.group("func") or ""))
+        path = m.group("path").replace("\\", "/")  # Windows paths
+        tr.frames.append(_Frame(lineno, norm.text.strip(), path, m.group("func") or ""))
 
     def _on_source(self, lineno: int, norm: Normalized) -> None:
         tr = self._traces.get(norm.proc)

@@ -194,6 +194,12 @@ SHAPES: tuple[HeaderShape, ...] = (
         ((f"[rank0]: {_M}", _M, None, None),),
     ),
     HeaderShape(
+        "bracket-tag",
+        "outer",
+        r"\[[A-Za-z][\w.\-]{0,40}\]:\s",
+        ((f"[vllm]: {_M}", _M, None, None),),
+    ),
+    HeaderShape(
         "torchrun-tee",
         "outer",
         r"\[default\d+\]:",
@@ -245,6 +251,19 @@ SHAPES: tuple[HeaderShape, ...] = (
         ((f"E0928 15:47:24.123456  1234 core_worker.cc:12] {_M}", _M, None, "ERROR"),),
     ),
     # ---------------------------------------------------------------- process tags
+    HeaderShape(
+        "rank-pid-tags",
+        "proc",
+        r"\[\d+/\d+,(?P<proc>\w+)\]\[pid=\d+\]\s?",
+        (
+            (
+                f"[1/8,TP1][pid=5510] ERROR 01-28 10:47:07.623 [forward_context.py:617] {_M}",
+                _M,
+                "TP1",
+                "ERROR",
+            ),
+        ),
+    ),
     HeaderShape(
         "vllm-process",
         "proc",
@@ -323,6 +342,32 @@ SHAPES: tuple[HeaderShape, ...] = (
         "level",
         r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?:[\w.]+:|\s+)",
         ((f"ERROR:    {_M}", _M, None, "ERROR"), (f"ERROR:root:{_M}", _M, None, "ERROR")),
+    ),
+    HeaderShape(
+        "kserve",
+        "level",
+        rf"\d+ [\w.\-]+ (?P<level>{_LV}) \[[^\]\s]+\]\s",
+        (
+            (
+                f"2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] {_M}",
+                _M,
+                None,
+                "ERROR",
+            ),
+        ),
+    ),
+    HeaderShape(
+        "kserve",
+        "level",
+        rf"\d+ [\w.\-]+ (?P<level>{_LV}) \[[^\]\s]+\]\s",
+        (
+            (
+                f"2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] {_M}",
+                _M,
+                None,
+                "ERROR",
+            ),
+        ),
     ),
     HeaderShape(
         "loguru",
