@@ -78,7 +78,7 @@ def raise_text(code: str) -> str | None:
     m = _RAISE.match(code)
     if m is None:
         return None
-    lits = [a if a is not None else b for a, b in _STRING.findall(code[m.end() :])]
+    lits = [a or b for a, b in _STRING.findall(code[m.end() :])]
     lit = "".join(lits).strip()
     if len(lit) < 8:
         return None

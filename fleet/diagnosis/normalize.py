@@ -124,11 +124,8 @@ SHAPES: tuple[HeaderShape, ...] = (
     HeaderShape(
         "buildkite-timestamp",
         "outer",
-        r"_bk;t=\d+(?:\x07)?",
-        (
-            (f"\x1b_bk;t=1727531244123\x07{_M}", _M, None, None),
-            (f"_bk;t=1727531244123{_M}", _M, None, None),
-        ),
+        r"_bk;t=(?:\d{13}|\d{10})(?:\x07)?",
+        ((f"_bk;t=1727531244123{_M}", _M, None, None),),
     ),
     HeaderShape(
         "plain-timestamp",
@@ -357,19 +354,6 @@ SHAPES: tuple[HeaderShape, ...] = (
         ),
     ),
     HeaderShape(
-        "kserve",
-        "level",
-        rf"\d+ [\w.\-]+ (?P<level>{_LV}) \[[^\]\s]+\]\s",
-        (
-            (
-                f"2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] {_M}",
-                _M,
-                None,
-                "ERROR",
-            ),
-        ),
-    ),
-    HeaderShape(
         "loguru",
         "level",
         r"(?P<level>TRACE|DEBUG|INFO|SUCCESS|WARNING|ERROR|CRITICAL)\s*"
@@ -515,12 +499,26 @@ _RECORD_START = re.compile(
     r"\s*(?:>\s+)?(?:\([\w.:\-]+(?:,?\s+\w+=[^,()\s]+)*,?\s+pid=\d+|\(pid=\d+"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[\s:]"
     r"|\d{4}-\d\d-\d\d[T ]\d|\[\d{4}-\d\d-\d\d|Traceback \(|File \"|\[fleet\] |\[rank\d+\]:"
+    r"|\[[DIWECF](?:\d{4} |\s)[^\]]*\]"
     r"|(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:)"
 )
 
 
 def looks_like_record_start(text: str) -> bool:
-    return _RECORD_START.match(text) is not None
+    """Does ``text`` start a new log record (after any collector/CI/quote prefixes)?"""
+    if _RECORD_START.match(text) is not None:
+        return True
+    for _ in range(4):
+        before = text
+        for pat in _OUTER:
+            m = pat.match(text)
+            if m and m.end():
+                text = text[m.end() :]
+        if text == before:
+            return False
+        if _RECORD_START.match(text) is not None:
+            return True
+    return False
 
 
 def fold_width(lines: list[str], *, min_width: int = 40) -> int | None:
@@ -540,6 +538,8 @@ def fold_width(lines: list[str], *, min_width: int = 40) -> int | None:
     hits = counts[width]
     if hits < 3 or hits < 0.05 * len(lines):
         return None
+    if len({x for x in lines if len(x) == width}) < 3:
+        return None  # one record repeated (a metrics line), not text cut at a width
     continued = sum(
         1
         for a, b in itertools.pairwise(lines)
