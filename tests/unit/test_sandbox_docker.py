@@ -36,9 +36,9 @@ def test_staged_context_holds_everything_the_dockerfile_copies(tmp_path: Path) -
     assert (tree / "vllm-0.17.0.dist-info" / "METADATA").is_file()
     assert not list(tree.rglob("*.so"))
     # the stand-in is this repository's, byte for byte
-    assert (context / "nvidia_smi.py").read_bytes() == Path(docker.__file__).with_name(
-        "nvidia_smi.py"
-    ).read_bytes()
+    from fleet.onhost import nvidia_smi
+
+    assert (context / "nvidia_smi.py").read_bytes() == Path(nvidia_smi.__file__).read_bytes()
 
 
 def test_dockerfile_builds_the_same_host_as_the_local_backend() -> None:
