@@ -24,17 +24,17 @@ def source() -> None:
 
 
 def _finish(app: AppContext, outcomes: list[HostOutcome[Any]]) -> int:
-    """Failed hosts on stderr (a refused path as ``fleet: error: ...``); the exit code."""
+    """Failed hosts on stderr (the output of the others is the source text); the exit
+    code. A path refused on a host is bad input: ``fleet: error: ...`` as every usage
+    error."""
+    from fleet.cli.render import failure_lines
     from fleet.transport import exit_code
 
     if not app.json_output:
         for o in outcomes:
             if o.status == "refused":
                 click.echo(f"fleet: error: {o.host}: {o.error}", err=True)
-            elif not o.ok:
-                click.echo(f"{o.host}: {o.status}: {o.error}", err=True)
-                if o.hint:
-                    click.echo(f"  next: {o.hint}", err=True)
+        failure_lines(app.err_console, [o for o in outcomes if o.status != "refused"])
     return exit_code(outcomes)
 
 

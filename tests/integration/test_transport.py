@@ -4,6 +4,7 @@ sshd killed mid-run, ProxyJump through a bastion, one connection per host, Ctrl-
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -293,3 +294,17 @@ def test_ssh_config_is_honoured(shared_sandbox: Sandbox, tmp_path: Path) -> None
         env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_vv_logs_every_remote_command_with_host_exit_duration_and_bytes(
+    shared_sandbox: Sandbox,
+) -> None:
+    name = shared_sandbox.hosts[0].name
+    proc = shared_sandbox.run_fleet("-vv", "inspect", "--host", name)
+    assert proc.returncode == 0, proc.stderr
+    lines = [
+        line for line in proc.stderr.splitlines() if "fleet.transport" in line and ": exit " in line
+    ]
+    assert lines, proc.stderr
+    assert re.search(rf"{name}: exit 0 in \d+\.\d+s, \d+ bytes: sh -c 'exec ", lines[0])
+    assert "Traceback" not in proc.stderr

@@ -47,7 +47,7 @@ def test_unreachable_is_exit_3(
     monkeypatch.setenv("FLEET_CONNECT_ATTEMPTS", "1")
     code = run_cli(cli, ["--inventory", str(inventory), "source", "show", "--host", "h1", "a.py"])
     assert code == 3
-    assert "h1: unreachable:" in capsys.readouterr().err
+    assert "h1: cannot connect to 127.0.0.1:1" in capsys.readouterr().err
 
 
 def test_host_strings_are_printed_literally(capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,4 +73,4 @@ def test_host_strings_are_printed_literally(capsys: pytest.CaptureFixture[str]) 
     captured = capsys.readouterr()
     assert "==> [/x]: [/p].py:1-2 <==" in captured.out
     assert "1  x = '[/bold]'\\" in captured.out and "2  [red]y" in captured.out
-    assert "[/down]: failed: [/red] boom" in captured.err and "next: [/dim]" in captured.err
+    assert "[/down]: [/red] boom" in captured.err and "next: [/dim]" in captured.err
