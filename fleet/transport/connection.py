@@ -33,7 +33,7 @@ import paramiko
 from fleet.errors import ConnectError, HostKeyError, OperationFailed
 from fleet.transport import shell
 from fleet.transport.hostkeys import RejectUnknown, UnknownHostKey, fingerprint
-from fleet.transport.runner import Result, command_text, log_command
+from fleet.transport.runner import Result, command_text, log_command, split_lines
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -206,32 +206,35 @@ class HostConnection:
     def stream(
         self, command: shell.Command | Sequence[str], *, timeout: float | None = None
     ) -> Iterator[str]:
-        """Yield stdout lines as they arrive (for ``--follow``); stderr is discarded.
+        """Yield stdout lines as they arrive (for ``--follow``); see :meth:`stream_bytes`."""
+        return split_lines(self.stream_bytes(command, timeout=timeout))
 
-        ``timeout`` is the longest wait for new output. The command's stdin stays open
-        while the stream is read: closing the generator closes the channel, and a remote
-        command that waits for the end of its stdin (``cat >/dev/null; kill ...``, see
-        fleet.diagnosis.remote) ends with it even when it never writes again.
+    def stream_bytes(
+        self, command: shell.Command | Sequence[str], *, timeout: float | None = None
+    ) -> Iterator[bytes]:
+        """Yield stdout as it arrives, in chunks; stderr is discarded.
+
+        ``timeout`` is the longest wait for new output (then the generator ends). The
+        command's stdin stays open while the stream is read: closing the generator closes
+        the channel, and a remote command that waits for the end of its stdin (``cat
+        >/dev/null; kill ...``, see fleet.diagnosis.remote) ends with it even when it
+        never writes again. A dropped connection raises :class:`ConnectionLost`.
         """
         cmd = command_text(command)
         log.debug("%s: streaming: %s", self.host.name, shell.masked(cmd)[:500])
         chan = self._open_channel(cmd, timeout)
         chan.settimeout(timeout)
-        buf = b""
         try:
             while True:
                 try:
                     data = chan.recv(65536)
                 except TimeoutError:
                     return
-                if not data:
+                if not data:  # end of the stream: the command ended, or the connection
                     break
-                buf += data
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    yield line.decode("utf-8", errors="replace")
-            if buf:
-                yield buf.decode("utf-8", errors="replace")
+                yield data
+            if chan.recv_exit_status() == -1:
+                raise ConnectionLost(self.host.name, "connection lost while streaming")
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectionLost(
                 self.host.name, f"connection lost while streaming: {exc}"

@@ -77,6 +77,10 @@ class Runner(Protocol):
         self, command: shell.Command | Sequence[str], *, timeout: float | None = None
     ) -> Iterator[str]: ...
 
+    def stream_bytes(
+        self, command: shell.Command | Sequence[str], *, timeout: float | None = None
+    ) -> Iterator[bytes]: ...
+
 
 def command_text(command: shell.Command | Sequence[str]) -> shell.Command:
     """The shell text of a command: a :class:`~fleet.transport.shell.Command` as it is,
@@ -174,14 +178,22 @@ class LocalRunner:
         self, command: shell.Command | Sequence[str], *, timeout: float | None = None
     ) -> Iterator[str]:
         """Yield stdout lines as they arrive; closing the generator ends the command."""
+        return split_lines(self.stream_bytes(command, timeout=timeout))
+
+    def stream_bytes(
+        self, command: shell.Command | Sequence[str], *, timeout: float | None = None
+    ) -> Iterator[bytes]:
+        """Yield stdout as it arrives; ``timeout`` is the longest wait for new output. The
+        command's stdin is held open while streaming, as over SSH."""
         import selectors
+        import signal
 
         cmd = command_text(command)
         self.commands_run += 1
         self.commands.append(cmd)
         proc = subprocess.Popen(
             [self.login_shell, "-c", cmd],
-            stdin=subprocess.PIPE,  # held open while streaming, as over SSH
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             cwd=self.cwd,
@@ -191,7 +203,6 @@ class LocalRunner:
         assert proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
-        buf = b""
         try:
             while True:
                 if not sel.select(timeout):
@@ -199,17 +210,10 @@ class LocalRunner:
                 data = os.read(proc.stdout.fileno(), 65536)
                 if not data:
                     break
-                buf += data
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    yield line.decode("utf-8", errors="replace")
-            if buf:
-                yield buf.decode("utf-8", errors="replace")
+                yield data
         finally:
             sel.close()
             if proc.poll() is None:
-                import signal
-
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
@@ -218,3 +222,21 @@ class LocalRunner:
                 proc.stdin.close()
             proc.wait()
             proc.stdout.close()
+
+
+def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
+    """Decoded lines of a byte stream (a last line without a newline included); closing
+    the line iterator closes the stream."""
+    buf = b""
+    try:
+        for data in chunks:
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8", errors="replace")
+        if buf:
+            yield buf.decode("utf-8", errors="replace")
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
