@@ -3,14 +3,23 @@
 Nothing here touches the network or the file system; every function takes text or the
 decoded JSON of the remote script and returns models, so each is unit-tested on recorded
 outputs (tests/fixtures/facts/).
+
+What a host sends is data, not a promise: any user on the host can shape it (a process
+started as ``vllm serve M --port ²``, a model file with a 5,000-class inheritance chain).
+Every ``parse_*`` function below takes any JSON-shaped value without raising; a value it
+cannot understand is left out and, where the fact has one, reported in ``errors``
+(:func:`parse_facts` also guards each part, so one odd fact never fails the host).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections import Counter
-from typing import Any
+import re
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fleet.errors import OperationFailed
 from fleet.facts.models import (
@@ -71,9 +80,51 @@ def parse_facts_output(stdout: str) -> HostFacts:
     return parse_facts(extract_document(stdout))
 
 
+MAX_TEXT = 4096
+"""Longest string kept from a host's fact (names, paths, versions); longer ones are cut."""
+MAX_ERROR = 1000
+
+T = TypeVar("T")
+
+
+def _str(value: Any, limit: int = MAX_TEXT) -> str | None:
+    """A string fact: strings kept (cut at ``limit``), anything else is no value."""
+    return value[:limit] if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    """An integer fact (JSON ints; never bools or floats)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _error_text(value: Any) -> str:
+    """A host-reported error as one short, redacted line."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)[:MAX_ERROR]
+    text = " ".join(text.split())
+    return redact_text(text[:MAX_ERROR])
+
+
+def _guarded(errors: dict[str, str], name: str, fn: Callable[[], T], default: T) -> T:
+    """``fn()``, or ``default`` with the part's error recorded: a parser bug or an odd
+    value never fails the whole host."""
+    try:
+        return fn()
+    except Exception as exc:
+        errors[name] = f"could not understand the {name} fact ({type(exc).__name__})"
+        return default
+
+
 def parse_facts(doc: dict[str, Any]) -> HostFacts:
     """The decoded facts document -> HostFacts. A failed part lands in ``errors``."""
-    parts: dict[str, Any] = doc["parts"]
+    parts = _dict(_dict(doc).get("parts"))
     errors: dict[str, str] = {}
 
     def value(name: str) -> Any:
@@ -81,43 +132,52 @@ def parse_facts(doc: dict[str, Any]) -> HostFacts:
         if not isinstance(part, dict):
             return None
         if "error" in part:
-            errors[name] = str(part["error"])
+            errors[name] = _error_text(part["error"])
             return None
         return part.get("value")
 
     facts = HostFacts()
     host = value("host")
     if isinstance(host, dict):
-        facts.hostname = host.get("hostname")
+        facts.hostname = _str(host.get("hostname"))
     py = value("python")
     if isinstance(py, dict):
-        facts.python = py.get("version")
-        facts.python_executable = py.get("executable")
+        facts.python = _str(py.get("version"))
+        facts.python_executable = _str(py.get("executable"))
 
     vllm = value("vllm")
     models = value("models")
     allowlist = value("allowlist")
-    facts.vllm = parse_vllm(vllm, models, allowlist)
-    if isinstance(models, dict):
-        for rel, entry in (models.get("files") or {}).items():
-            if isinstance(entry, dict) and "error" in entry:
-                errors[f"models:{rel}"] = str(entry["error"])
+    facts.vllm = _guarded(errors, "vllm", lambda: parse_vllm(vllm, models, allowlist), VllmFacts())
+    for rel, entry in _dict(_dict(models).get("files")).items():
+        if isinstance(entry, dict) and "error" in entry:
+            errors[f"models:{_error_text(rel)[:200]}"] = _error_text(entry["error"])
 
     gpus = value("gpus")
     if isinstance(gpus, dict):
-        facts.gpus, facts.nvidia_smi, gpu_error = parse_gpu_part(gpus)
+        no_gpus: tuple[list[GpuInfo], str, str | None] = ([], "failed", None)
+        gpu_part = _guarded(errors, "gpus", lambda: parse_gpu_part(gpus), no_gpus)
+        facts.gpus, facts.nvidia_smi, gpu_error = gpu_part
         if gpu_error:
             errors["gpus"] = gpu_error
         facts.driver = driver_of(facts.gpus)
     sup = value("supervisors")
     if isinstance(sup, dict):
-        facts.supervisors = parse_supervisors(sup)
+        facts.supervisors = _guarded(
+            errors, "supervisors", lambda: parse_supervisors(sup), Supervisors()
+        )
     procs = value("processes")
     if isinstance(procs, dict):
-        facts.servers = parse_servers(procs.get("processes") or [])
+        facts.servers = _guarded(
+            errors,
+            "processes",
+            lambda: parse_servers(_list(procs.get("processes")), errors),
+            [],
+        )
     disk = value("disk")
     if isinstance(disk, dict):
-        facts.disk, disk_errors = parse_disk(disk)
+        no_disk: tuple[dict[str, DiskUsage], dict[str, str]] = ({}, {})
+        facts.disk, disk_errors = _guarded(errors, "disk", lambda: parse_disk(disk), no_disk)
         errors.update(disk_errors)
     facts.errors = errors
     return facts
@@ -130,9 +190,9 @@ def parse_vllm(vllm: Any, models: Any, allowlist: Any) -> VllmFacts:
     out = VllmFacts()
     if not isinstance(vllm, dict):
         return out
-    out.path = vllm.get("path")
-    out.version = vllm.get("version")
-    out.version_source = vllm.get("version_source")
+    out.path = _str(vllm.get("path"))
+    out.version = _str(vllm.get("version"))
+    out.version_source = _str(vllm.get("version_source"))
     out.installed = out.path is not None
     if not out.installed:
         return out
@@ -148,12 +208,12 @@ def parse_vllm(vllm: Any, models: Any, allowlist: Any) -> VllmFacts:
     return out
 
 
-def find_eagle3_class(files: dict[str, Any], name: str) -> Eagle3ClassInfo | None:
+def find_eagle3_class(files: Any, name: str) -> Eagle3ClassInfo | None:
     """Look ``name`` up in every parsed file; judge it within the file that defines it."""
-    for rel, entry in sorted(files.items()):
+    for rel, entry in sorted(_dict(files).items(), key=lambda item: str(item[0])):
         classes = entry.get("classes") if isinstance(entry, dict) else None
         if isinstance(classes, dict) and name in classes:
-            return eagle3_support(classes, name, rel)
+            return eagle3_support(classes, name, str(rel)[:MAX_TEXT])
     return None
 
 
@@ -161,58 +221,67 @@ def _short_name(base: str) -> str:
     return base.rsplit(".", 1)[-1]
 
 
-def eagle3_support(classes: dict[str, Any], name: str, file: str = "") -> Eagle3ClassInfo:
+def _str_list(value: Any) -> list[str]:
+    """A list of names: strings kept, anything else (a string alone, numbers) dropped."""
+    return [v[:MAX_TEXT] for v in _list(value) if isinstance(v, str)]
+
+
+def eagle3_support(classes: Any, name: str, file: str = "") -> Eagle3ClassInfo:
     """Does ``name`` list SupportsEagle3 among its bases, directly or through a base class
-    defined in the same file? (``interfaces.SupportsEagle3`` counts as the interface.)"""
+    defined in the same file? (``interfaces.SupportsEagle3`` counts as the interface.)
+
+    Both walks are iterative (an inheritance chain of any length, cycles included)."""
+    table = _dict(classes)
 
     def bases_of(cls: str) -> list[str]:
-        return [str(b) for b in classes.get(cls, {}).get("bases") or []]
+        return _str_list(_dict(table.get(cls)).get("bases"))
 
-    def search(cls: str, path: list[str], seen: set[str]) -> list[str] | None:
+    def in_file(base: str) -> bool:
+        return "." not in base and base in table
+
+    # Depth-first, bases in order (as the recursive walk did): the first chain found.
+    chain: list[str] | None = None
+    seen: set[str] = set()
+    stack: list[tuple[str, list[str]]] = [(name, [])]
+    while stack:
+        cls, path = stack.pop()
         if cls in seen:
-            return None
+            continue
         seen.add(cls)
-        path = [*path, cls]
+        path = [*path, cls] if len(path) < 64 else [*path[:63], "...", cls]
         bases = bases_of(cls)
         if any(_short_name(b) == EAGLE3_INTERFACE for b in bases):
-            return path
-        for base in bases:
-            if "." not in base and base in classes:  # only bases defined in this file
-                found = search(base, path, seen)
-                if found:
-                    return found
-        return None
+            chain = path
+            break
+        stack.extend((b, path) for b in reversed(bases) if in_file(b))
 
-    def in_file_ancestry(cls: str, seen: set[str]) -> list[str]:
-        if cls in seen or cls not in classes:
-            return []
-        seen.add(cls)
-        out = [cls]
-        for base in bases_of(cls):
-            if "." not in base:
-                out += in_file_ancestry(base, seen)
-        return out
-
-    chain = search(name, [], set())
-    ancestry = in_file_ancestry(name, set())
-    forwards = any(
-        AUX_LAYERS_METHOD in (classes[c].get("methods") or []) for c in ancestry
-    )
-    raw = classes[name]
+    ancestry: list[str] = []
+    visited: set[str] = set()
+    todo = [name]
+    while todo:
+        cls = todo.pop()
+        if cls in visited or cls not in table:
+            continue
+        visited.add(cls)
+        ancestry.append(cls)
+        todo.extend(b for b in reversed(bases_of(cls)) if "." not in b)
+    forwards = any(AUX_LAYERS_METHOD in _str_list(_dict(table[c]).get("methods")) for c in ancestry)
+    raw = _dict(table.get(name))
+    line = _int(raw.get("line"))
     return Eagle3ClassInfo(
         file=file,
-        line=int(raw.get("line") or 0),
+        line=line if line is not None and 0 <= line < 1 << 31 else 0,
         supported=chain is not None,
         via=chain or [],
         bases=bases_of(name),
-        methods=[str(m) for m in raw.get("methods") or []],
+        methods=_str_list(raw.get("methods")),
         forwards_aux_hidden_state_layers=forwards,
     )
 
 
-def parse_allowlist(raw: dict[str, Any]) -> Eagle3Allowlist:
+def parse_allowlist(raw: Any) -> Eagle3Allowlist:
     """vLLM matches ``any(entry in hf_text_config.model_type for entry in allowlist)``."""
-    found = [f for f in raw.get("found") or [] if isinstance(f, dict)]
+    found = [f for f in _list(_dict(raw).get("found")) if isinstance(f, dict)]
     if not found:
         return Eagle3Allowlist(
             present=False,
@@ -220,18 +289,23 @@ def parse_allowlist(raw: dict[str, Any]) -> Eagle3Allowlist:
             deepseek=True,
             kimi=True,
         )
-    chosen = next((f for f in found if f.get("entries") is not None), found[0])
-    entries = chosen.get("entries")
+    chosen = next((f for f in found if isinstance(f.get("entries"), list)), found[0])
+    raw_entries = chosen.get("entries")
+    entries = (
+        [str(e)[:MAX_TEXT] for e in raw_entries if isinstance(e, str | int | float)]
+        if isinstance(raw_entries, list)
+        else None
+    )
     admits = {
-        t: bool(entries) and any(str(e) in t for e in entries or [])
-        for t in ALLOWLIST_MODEL_TYPES
+        t: bool(entries) and any(e in t for e in entries or []) for t in ALLOWLIST_MODEL_TYPES
     }
+    line = _int(chosen.get("line"))
     return Eagle3Allowlist(
         present=True,
-        file=chosen.get("file"),
-        name=chosen.get("name"),
-        line=chosen.get("line"),
-        entries=[str(e) for e in entries] if entries is not None else None,
+        file=_str(chosen.get("file")),
+        name=_str(chosen.get("name")),
+        line=line,
+        entries=entries,
         admits=admits,
         deepseek=any(v for t, v in admits.items() if t.startswith("deepseek")),
         kimi=any(v for t, v in admits.items() if t.startswith("kimi")),
@@ -240,47 +314,55 @@ def parse_allowlist(raw: dict[str, Any]) -> Eagle3Allowlist:
 
 # -- GPUs -------------------------------------------------------------------------------
 
+_ASCII_INT = re.compile(r"[+-]?[0-9]{1,18}")
+_ASCII_NUMBER = re.compile(r"[+-]?(?:[0-9]{1,18}(?:\.[0-9]*)?|\.[0-9]+)")
+
 
 def _number(text: str) -> int | None:
+    """A MiB count from nvidia-smi: ASCII digits (``183359``, ``40960 MiB``, ``1.5``);
+    ``[N/A]`` and anything else is no value (never Unicode digits, inf or nan)."""
     value = text.strip()
     if value.lower() in NOT_AVAILABLE:
         return None
     for unit in (" MiB", "MiB"):
         if value.endswith(unit):
             value = value[: -len(unit)].strip()
-    try:
-        return int(float(value))
-    except ValueError:
+    if not _ASCII_NUMBER.fullmatch(value):
         return None
+    number = float(value)
+    return int(number) if math.isfinite(number) else None
 
 
 def _text(text: str) -> str | None:
     value = text.strip()
-    return None if value.lower() in NOT_AVAILABLE else value
+    return None if value.lower() in NOT_AVAILABLE else value[:MAX_TEXT]
 
 
 def parse_nvidia_smi(csv_text: str) -> list[GpuInfo]:
     """``nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version
     --format=csv,noheader,nounits`` -> GPUs. ``[N/A]``/``[Not Supported]`` become None; a
-    name holding commas is kept whole (the fields around it are fixed)."""
+    name holding commas is kept whole (the fields around it are fixed).
+
+    A line that is not a GPU raises :class:`FactsError` (the GPU fact's error); nothing
+    else is raised."""
     gpus: list[GpuInfo] = []
-    for raw_line in csv_text.splitlines():
+    for raw_line in str(csv_text).splitlines():
         line = raw_line.strip()
         if not line:
             continue
         fields = [f.strip() for f in line.split(",")]
         if len(fields) < 5:
-            raise FactsError(f"nvidia-smi line has {len(fields)} fields, expected 5: {line!r}")
-        try:
-            index = int(fields[0])
-        except ValueError:
+            raise FactsError(
+                f"nvidia-smi line has {len(fields)} fields, expected 5: {line[:200]!r}"
+            )
+        if not _ASCII_INT.fullmatch(fields[0]) or int(fields[0]) < 0:
             if fields[0].lower() == "index":  # a header line, if noheader was ignored
                 continue
-            raise FactsError(f"nvidia-smi line does not start with a GPU index: {line!r}") from None
+            raise FactsError(f"nvidia-smi line does not start with a GPU index: {line[:200]!r}")
         gpus.append(
             GpuInfo(
-                index=index,
-                name=", ".join(fields[1:-3]),
+                index=int(fields[0]),
+                name=", ".join(fields[1:-3])[:MAX_TEXT],
                 memory_total_mib=_number(fields[-3]),
                 memory_used_mib=_number(fields[-2]),
                 driver_version=_text(fields[-1]),
@@ -292,21 +374,23 @@ def parse_nvidia_smi(csv_text: str) -> list[GpuInfo]:
 NO_DEVICES = "No devices were found"
 
 
-def parse_gpu_part(raw: dict[str, Any]) -> tuple[list[GpuInfo], str, str | None]:
+def parse_gpu_part(raw: Any) -> tuple[list[GpuInfo], str, str | None]:
     """(gpus, status, error): status "ok", "missing" (no nvidia-smi: no GPUs, no error)
     or "failed" (nvidia-smi ran and failed, e.g. the driver is not loaded)."""
+    raw = _dict(raw)
     if raw.get("missing"):
         return [], "missing", None
     if raw.get("timeout"):
         return [], "failed", "nvidia-smi timed out"
-    stdout = str(raw.get("stdout") or "")
-    stderr = str(raw.get("stderr") or "")
+    stdout = _str(raw.get("stdout"), 1 << 24) or ""
+    stderr = _str(raw.get("stderr"), 1 << 20) or ""
     code = raw.get("exit_code")
     if NO_DEVICES in stdout or NO_DEVICES in stderr:
         return [], "ok", None
-    if code != 0:
+    if code != 0 or isinstance(code, bool):
         last = (stderr.strip().splitlines() or stdout.strip().splitlines() or [""])[0]
-        return [], "failed", f"nvidia-smi exited {code}: {last}".rstrip(": ")
+        shown = code if _int(code) is not None else _error_text(code)[:40]
+        return [], "failed", _error_text(f"nvidia-smi exited {shown}: {last}").rstrip(": ")
     try:
         return parse_nvidia_smi(stdout), "ok", None
     except FactsError as exc:
@@ -319,12 +403,10 @@ def driver_of(gpus: list[GpuInfo]) -> str | None:
 
 
 def gpu_summary(gpus: list[GpuInfo]) -> str:
-    """"8 × NVIDIA B200 (179 GiB)"; mixed models are joined with " + "."""
+    """ "8 × NVIDIA B200 (179 GiB)"; mixed models are joined with " + "."""
     if not gpus:
         return "no GPUs"
-    groups: Counter[tuple[str, int | None]] = Counter(
-        (g.name, g.memory_total_mib) for g in gpus
-    )
+    groups: Counter[tuple[str, int | None]] = Counter((g.name, g.memory_total_mib) for g in gpus)
     parts = []
     for (name, mib), count in groups.items():
         size = f" ({mib / 1024:.0f} GiB)" if mib else ""
@@ -335,16 +417,17 @@ def gpu_summary(gpus: list[GpuInfo]) -> str:
 # -- supervisors, servers, disk ---------------------------------------------------------
 
 
-def parse_supervisors(raw: dict[str, Any]) -> Supervisors:
-    tools = raw.get("tools") or {}
-    pid1 = raw.get("pid1")
-    systemd = bool(raw.get("systemd_booted")) and pid1 == "systemd"
+def parse_supervisors(raw: Any) -> Supervisors:
+    raw = _dict(raw)
+    tools = _dict(raw.get("tools"))
+    pid1 = _str(raw.get("pid1"))
+    systemd = raw.get("systemd_booted") is True and pid1 == "systemd"
     sup = Supervisors(
         systemd=systemd,
         pid1=pid1,
-        systemctl=tools.get("systemctl"),
-        supervisord=tools.get("supervisord"),
-        supervisorctl=tools.get("supervisorctl"),
+        systemctl=_str(tools.get("systemctl")),
+        supervisord=_str(tools.get("supervisord")),
+        supervisorctl=_str(tools.get("supervisorctl")),
     )
     if sup.systemd and sup.systemctl:
         sup.available.append("systemd")
@@ -362,76 +445,118 @@ def _option(argv: list[str], name: str) -> str | None:
     return None
 
 
+def _port(text: str | None) -> int | None:
+    """A TCP port from a command line: ASCII digits only (``str.isdigit`` also takes
+    ``²`` and ``٣``, which ``int`` then refuses), 1-65535."""
+    if text is None or not re.fullmatch(r"[0-9]{1,5}", text):
+        return None
+    port = int(text)
+    return port if 1 <= port <= 65535 else None
+
+
 def server_args(argv: list[str]) -> list[str] | None:
     """The arguments after ``vllm serve`` / ``-m vllm.entrypoints...``, or None when the
     command line is not a vLLM server (a shell, ``grep vllm``, a worker...)."""
-    for i, arg in enumerate(argv[:-1]):
-        if os.path.basename(arg) == "vllm" and argv[i + 1] == "serve":
-            return argv[i + 2 :]
-        if arg == "-m" and argv[i + 1].startswith("vllm.entrypoints"):
-            rest = argv[i + 2 :]
+    words = [a for a in _list(argv) if isinstance(a, str)]
+    for i, arg in enumerate(words[:-1]):
+        if os.path.basename(arg) == "vllm" and words[i + 1] == "serve":
+            return words[i + 2 :]
+        if arg == "-m" and words[i + 1].startswith("vllm.entrypoints"):
+            rest = words[i + 2 :]
             return rest[1:] if rest[:1] == ["serve"] else rest
     return None
 
 
-def _descendants(pid: int, processes: list[dict[str, Any]]) -> list[str]:
+def _children_of(processes: list[Any]) -> dict[int, list[dict[str, Any]]]:
     children: dict[int, list[dict[str, Any]]] = {}
     for proc in processes:
-        if isinstance(proc.get("ppid"), int):
+        if isinstance(proc, dict) and _int(proc.get("ppid")) is not None:
             children.setdefault(proc["ppid"], []).append(proc)
+    return children
+
+
+def _descendants(
+    pid: int, processes: list[Any], children: dict[int, list[dict[str, Any]]] | None = None
+) -> list[str]:
+    if children is None:
+        children = _children_of(processes)
     out: list[str] = []
-    todo, seen = [pid], {pid}
+    todo, seen = deque([pid]), {pid}
     while todo:
-        for child in children.get(todo.pop(0), []):
-            if child["pid"] not in seen:
-                seen.add(child["pid"])
-                todo.append(child["pid"])
-                argv = child.get("argv") or [""]
-                out.append(redact_text(str(argv[0]).strip()))
+        for child in children.get(todo.popleft(), []):
+            child_pid = _int(child.get("pid"))
+            if child_pid is None or child_pid in seen:
+                continue
+            seen.add(child_pid)
+            todo.append(child_pid)
+            argv = _list(child.get("argv"))
+            first = argv[0] if argv and isinstance(argv[0], str) else ""
+            out.append(redact_text(first.strip()[:MAX_TEXT]))
     return out
 
 
-def parse_servers(processes: list[dict[str, Any]]) -> list[VllmServer]:
+def parse_servers(processes: Any, errors: dict[str, str] | None = None) -> list[VllmServer]:
     """vLLM API servers among the processes (``vllm serve`` or ``-m vllm.entrypoints``);
     their vLLM child processes (engine cores, workers) are listed as descendants.
 
-    Command lines can hold secrets (``--api-key KEY``): the argv kept is redacted."""
+    Command lines can hold secrets (``--api-key KEY``): the argv kept is redacted. A
+    process entry that cannot be understood is skipped (counted in ``errors``)."""
+    entries = _list(processes)
+    children = _children_of(entries)
     servers = []
-    for proc in processes:
-        argv = [str(a) for a in proc.get("argv") or []]
+    odd = 0
+    for proc in entries:
+        if not isinstance(proc, dict):
+            odd += 1
+            continue
+        argv = [str(a)[:MAX_TEXT] for a in _list(proc.get("argv")) if isinstance(a, str)]
         args = server_args(argv)
         if args is None:
             continue
+        pid = _int(proc.get("pid"))
+        if pid is None or not 0 <= pid < 1 << 31:
+            odd += 1
+            continue
         model = args[0] if args and not args[0].startswith("-") else _option(args, "--model")
-        port_text = _option(args, "--port")
-        port = int(port_text) if port_text and port_text.isdigit() else None
+        uid = _int(proc.get("uid"))
         servers.append(
             VllmServer(
-                pid=int(proc["pid"]),
+                pid=pid,
                 argv=redact_argv(argv),
                 model=redact_text(model) if model else model,
-                port=port,
+                port=_port(_option(args, "--port")),
                 host=_option(args, "--host"),
-                uid=proc.get("uid"),
-                descendants=_descendants(int(proc["pid"]), processes),
+                uid=uid if uid is not None and 0 <= uid < 1 << 32 else None,
+                descendants=_descendants(pid, entries, children),
             )
         )
+    if odd and errors is not None:
+        errors["processes"] = f"{odd} process entries could not be understood"
     return servers
 
 
-def parse_disk(raw: dict[str, Any]) -> tuple[dict[str, DiskUsage], dict[str, str]]:
+def _byte_count(value: Any) -> int | None:
+    number = _int(value)
+    if number is None and isinstance(value, float) and math.isfinite(value):
+        number = int(value)
+    return number if number is not None and 0 <= number < 1 << 63 else None
+
+
+def parse_disk(raw: Any) -> tuple[dict[str, DiskUsage], dict[str, str]]:
     disk: dict[str, DiskUsage] = {}
     errors: dict[str, str] = {}
-    for key, entry in raw.items():
+    for key, entry in _dict(raw).items():
         if not isinstance(entry, dict):
             continue
+        name = str(key)[:200]
         if "error" in entry:
-            errors[f"disk:{key}"] = str(entry["error"])
+            errors[f"disk:{name}"] = _error_text(entry["error"])
             continue
-        disk[key] = DiskUsage(
-            path=str(entry["path"]),
-            total_bytes=int(entry["total"]),
-            used_bytes=int(entry["used"]),
-            free_bytes=int(entry["free"]),
-        )
+        path = _str(entry.get("path"))
+        sizes = [_byte_count(entry.get(k)) for k in ("total", "used", "free")]
+        if path is None or any(s is None for s in sizes):
+            errors[f"disk:{name}"] = "unexpected disk usage data from the host"
+            continue
+        total, used, free = (s or 0 for s in sizes)
+        disk[name] = DiskUsage(path=path, total_bytes=total, used_bytes=used, free_bytes=free)
     return disk, errors
