@@ -87,9 +87,20 @@ MAX_ERROR = 1000
 T = TypeVar("T")
 
 
+def _clean(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` cut at ``limit``, lone surrogates (JSON's ``"\\ud800"``, undecodable
+    bytes escaped by the host) replaced by U+FFFD: the result can always be printed."""
+    text = text[:limit]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
 def _str(value: Any, limit: int = MAX_TEXT) -> str | None:
-    """A string fact: strings kept (cut at ``limit``), anything else is no value."""
-    return value[:limit] if isinstance(value, str) else None
+    """A string fact: strings kept (cleaned, cut at ``limit``), anything else is no value."""
+    return _clean(value, limit) if isinstance(value, str) else None
 
 
 def _int(value: Any) -> int | None:
@@ -108,7 +119,7 @@ def _list(value: Any) -> list[Any]:
 def _error_text(value: Any) -> str:
     """A host-reported error as one short, redacted line."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)[:MAX_ERROR]
-    text = " ".join(text.split())
+    text = " ".join(_clean(text, MAX_ERROR * 4).split())
     return redact_text(text[:MAX_ERROR])
 
 
@@ -213,7 +224,7 @@ def find_eagle3_class(files: Any, name: str) -> Eagle3ClassInfo | None:
     for rel, entry in sorted(_dict(files).items(), key=lambda item: str(item[0])):
         classes = entry.get("classes") if isinstance(entry, dict) else None
         if isinstance(classes, dict) and name in classes:
-            return eagle3_support(classes, name, str(rel)[:MAX_TEXT])
+            return eagle3_support(classes, name, _clean(str(rel)))
     return None
 
 
@@ -223,7 +234,7 @@ def _short_name(base: str) -> str:
 
 def _str_list(value: Any) -> list[str]:
     """A list of names: strings kept, anything else (a string alone, numbers) dropped."""
-    return [v[:MAX_TEXT] for v in _list(value) if isinstance(v, str)]
+    return [_clean(v) for v in _list(value) if isinstance(v, str)]
 
 
 def eagle3_support(classes: Any, name: str, file: str = "") -> Eagle3ClassInfo:
@@ -292,7 +303,7 @@ def parse_allowlist(raw: Any) -> Eagle3Allowlist:
     chosen = next((f for f in found if isinstance(f.get("entries"), list)), found[0])
     raw_entries = chosen.get("entries")
     entries = (
-        [str(e)[:MAX_TEXT] for e in raw_entries if isinstance(e, str | int | float)]
+        [_clean(str(e)) for e in raw_entries if isinstance(e, str | int | float)]
         if isinstance(raw_entries, list)
         else None
     )
@@ -335,7 +346,7 @@ def _number(text: str) -> int | None:
 
 def _text(text: str) -> str | None:
     value = text.strip()
-    return None if value.lower() in NOT_AVAILABLE else value[:MAX_TEXT]
+    return None if value.lower() in NOT_AVAILABLE else _clean(value)
 
 
 def parse_nvidia_smi(csv_text: str) -> list[GpuInfo]:
@@ -362,7 +373,7 @@ def parse_nvidia_smi(csv_text: str) -> list[GpuInfo]:
         gpus.append(
             GpuInfo(
                 index=int(fields[0]),
-                name=", ".join(fields[1:-3])[:MAX_TEXT],
+                name=_clean(", ".join(fields[1:-3])),
                 memory_total_mib=_number(fields[-3]),
                 memory_used_mib=_number(fields[-2]),
                 driver_version=_text(fields[-1]),
@@ -491,7 +502,7 @@ def _descendants(
             todo.append(child_pid)
             argv = _list(child.get("argv"))
             first = argv[0] if argv and isinstance(argv[0], str) else ""
-            out.append(redact_text(first.strip()[:MAX_TEXT]))
+            out.append(redact_text(_clean(first.strip())))
     return out
 
 
@@ -509,7 +520,7 @@ def parse_servers(processes: Any, errors: dict[str, str] | None = None) -> list[
         if not isinstance(proc, dict):
             odd += 1
             continue
-        argv = [str(a)[:MAX_TEXT] for a in _list(proc.get("argv")) if isinstance(a, str)]
+        argv = [_clean(a) for a in _list(proc.get("argv")) if isinstance(a, str)]
         args = server_args(argv)
         if args is None:
             continue
@@ -548,7 +559,7 @@ def parse_disk(raw: Any) -> tuple[dict[str, DiskUsage], dict[str, str]]:
     for key, entry in _dict(raw).items():
         if not isinstance(entry, dict):
             continue
-        name = str(key)[:200]
+        name = _clean(str(key), 200)
         if "error" in entry:
             errors[f"disk:{name}"] = _error_text(entry["error"])
             continue
