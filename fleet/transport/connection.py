@@ -32,7 +32,7 @@ import paramiko
 
 from fleet.errors import ConnectError, HostKeyError, OperationFailed
 from fleet.transport import shell
-from fleet.transport.hostkeys import RejectUnknown, UnknownHostKey, fingerprint
+from fleet.transport.hostkeys import UnknownHostKey, fingerprint, strict_client
 from fleet.transport.runner import Result, command_text, log_command, split_lines
 
 if TYPE_CHECKING:
@@ -303,20 +303,19 @@ def fabric_connection(
         kwargs["gateway"] = gateway
     conn = Connection(**kwargs)
     known = spec.known_hosts_path()
-    _strict(conn, known)
+    _strict(conn, known, spec.name)
     # A ProxyJump from ~/.ssh/config makes Fabric build the bastion Connection(s) itself,
     # with paramiko's AutoAddPolicy: hold every hop to the same pinned keys.
     hop = conn.gateway
     while isinstance(hop, Connection) and hop is not gateway:
-        _strict(hop, known)
+        _strict(hop, known, spec.name)
         hop = hop.gateway
     return conn
 
 
-def _strict(conn: Connection, known_hosts: Path) -> None:
-    conn.client.set_missing_host_key_policy(RejectUnknown())
-    if known_hosts.exists():
-        conn.client.load_host_keys(str(known_hosts))
+def _strict(conn: Connection, known_hosts: Path, label: str) -> None:
+    # fleet's own known_hosts reader (OpenSSH semantics, bounded, linear), not paramiko's
+    strict_client(conn.client, known_hosts, label)
 
 
 def _owned_gateways(conn: Connection, shared: Connection | None) -> list[Connection]:

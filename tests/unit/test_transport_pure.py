@@ -173,3 +173,212 @@ def test_failure_lines_escape_markup() -> None:
     text = out.export_text()
     assert "[/x]: [bold]boom[/bold] at [/]" in text
     assert "next: [/red]" in text
+
+
+# -- known_hosts: OpenSSH semantics, special files, locking --------------------------------
+
+
+def _pub(name: str = "a") -> paramiko.PKey:
+    return paramiko.Ed25519Key.from_private_key_file(str(_KEYFILE.parent / name))
+
+
+def _line(host: str, key: paramiko.PKey, marker: str = "") -> str:
+    return f"{marker + ' ' if marker else ''}{host} {key.get_name()} {key.get_base64()}\n"
+
+
+def _hashed(host: str, salt: bytes = b"s" * 20) -> str:
+    import base64
+    import hashlib
+    import hmac
+
+    digest = hmac.new(salt, host.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+def test_lines_openssh_skips_do_not_break_the_others(tmp_path: Path) -> None:
+    key = _pub()
+    junk = [
+        b"# a comment\n",
+        b"\n",
+        b"   \t  \n",
+        b"garbage\n",
+        b"@bogus-marker h ssh-ed25519 AAAA\n",
+        b"h ssh-ed25519 not!base64\n",
+        b"h ssh-dss AAAAB3NzaC1kc3MAAACBAP\n",
+        b"h sk-ssh-ed25519@openssh.com AAAAGnNrLXNzaC1lZDI1NTE5QG9wZW5zc2guY29t\n",
+        b"h ssh-rsa " + key.get_base64().encode() + b"\n",  # blob of another type
+        b"\xff\xfe\x00 binary \x80\n",
+        b"h\n",
+        b"h ssh-ed25519\n",
+        b"@cert-authority *.example " + _line("", key).strip().encode() + b"\n",
+    ]
+    kh = tmp_path / "known_hosts"
+    kh.write_bytes(b"".join(junk) + _line("[10.0.0.5]:2200", key).encode())
+    assert check_key(kh, "[10.0.0.5]:2200", key).status == "pinned"
+    assert check_key(kh, "10.0.0.6", key).status == "unknown"
+    from fleet.transport.hostkeys import load_known_hosts
+
+    known = load_known_hosts(kh)
+    assert len(known.entries) == 1 and len(known.cert_authorities) == 1
+    assert known.skipped == 9  # every line above but the comment, blanks and the CA
+
+
+def test_hashed_wildcard_and_negated_hosts_match_like_openssh(tmp_path: Path) -> None:
+    key = _pub()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(
+        _line(_hashed("[10.0.0.5]:2200"), key)
+        + _line("*.gpu.example,!bad.gpu.example", key)
+        + _line("rack?-*", key)
+    )
+    for name in ("[10.0.0.5]:2200", "b200.gpu.example", "B200.GPU.example", "rack1-b200"):
+        assert check_key(kh, name, key).status == "pinned", name
+    for name in ("[10.0.0.5]:2201", "bad.gpu.example", "gpu.example", "rack12-x"):
+        assert check_key(kh, name, key).status == "unknown", name
+    # ssh-keygen -H writes the same hashes fleet matches
+    plain = tmp_path / "plain"
+    plain.write_text(_line("[10.0.0.9]:22", key) + _line("10.0.0.8", key))
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(plain)], check=True, capture_output=True)
+    assert "10.0.0.8" not in plain.read_text()
+    assert check_key(plain, "10.0.0.8", key).status == "pinned"
+
+
+def test_revoked_key_is_refused_even_when_pinned(tmp_path: Path) -> None:
+    from fleet.errors import HostKeyError
+
+    key, other = _pub("a"), _pub("b")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(_line("h1", key) + _line("*", key, "@revoked") + _line("h2", other))
+    with pytest.raises(HostKeyError, match=r"REVOKED"):
+        check_key(kh, "h1", key)
+    assert check_key(kh, "h2", other).status == "pinned"  # another key: not revoked
+    with pytest.raises(HostKeyError, match="REVOKED"):
+        pin_key(kh, "h3", key)
+    assert "h3" not in kh.read_text()
+
+
+def test_several_keys_of_one_type_any_matches(tmp_path: Path) -> None:
+    key, other = _pub("a"), _pub("b")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(_line("h1", other) + _line("h1", key))
+    assert check_key(kh, "h1", key).status == "pinned"
+    assert check_key(kh, "h1", other).status == "pinned"
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    import os
+    import stat
+
+    path = tmp_path / f"kh-{kind}"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind in ("null-device", "zero-device"):
+        minor = 3 if kind == "null-device" else 5
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+        except PermissionError:
+            pytest.skip("mknod not permitted")
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+    return path
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["fifo", "directory", "null-device", "zero-device", "socket"])
+def test_special_files_are_refused_not_read_or_replaced(tmp_path: Path, kind: str) -> None:
+    import os
+    import stat
+
+    from fleet.transport.hostkeys import KnownHostsError
+
+    path = _special(tmp_path, kind)
+    before = os.lstat(path)
+    with pytest.raises(KnownHostsError, match="not a regular file") as err:
+        check_key(path, "h1", _pub())
+    assert "\n" not in str(err.value)
+    with pytest.raises(KnownHostsError, match="not a regular file"):
+        pin_key(path, "h1", _pub())
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    with pytest.raises(KnownHostsError, match="not a regular file"):
+        pin_key(link, "h1", _pub())
+    after = os.lstat(path)
+    assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    assert link.is_symlink()
+
+
+def test_pin_writes_through_a_symlink(tmp_path: Path) -> None:
+    key = _pub()
+    target = tmp_path / "real" / "known_hosts"
+    target.parent.mkdir()
+    target.write_text("# kept\n" + _line("h0", _pub("b")).rstrip("\n"))  # no final newline
+    target.chmod(0o644)
+    link = tmp_path / "known_hosts"
+    link.symlink_to(target)
+    pin_key(link, "h1", key)
+    assert link.is_symlink()
+    assert target.read_text().splitlines() == [
+        "# kept",
+        _line("h0", _pub("b")).strip(),
+        _line("h1", key).strip(),
+    ]
+    assert oct(target.stat().st_mode & 0o777) == "0o644"  # mode kept
+    pin_key(link, "h1", key)  # already pinned: not written twice
+    assert target.read_text().count("h1 ") == 1
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "created-here")
+    pin_key(dangling, "h2", key)
+    assert dangling.is_symlink() and "h2 " in (tmp_path / "created-here").read_text()
+
+
+def test_unwritable_places_are_one_line(tmp_path: Path) -> None:
+    from fleet.transport.hostkeys import KnownHostsError
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(KnownHostsError, match="cannot write known_hosts") as err:
+        pin_key(not_a_dir / "known_hosts", "h1", _pub())
+    assert "\n" not in str(err.value)
+    nowhere = tmp_path / "link"
+    nowhere.symlink_to(tmp_path / "missing-dir" / "kh")
+    with pytest.raises(KnownHostsError, match="does not exist"):
+        pin_key(nowhere, "h1", _pub())
+
+
+def test_names_that_would_add_lines_or_patterns_are_not_pinned(tmp_path: Path) -> None:
+    from fleet.errors import UsageError
+
+    kh = tmp_path / "known_hosts"
+    for name in ("h1\n* ssh-ed25519 AAAA", "*", "h1,h2", "!h", "@revoked", "#x", "a b", ""):
+        with pytest.raises(UsageError, match="refusing to pin"):
+            pin_key(kh, name, _pub())
+    assert not kh.exists() or kh.read_text() == ""
+
+
+def _pin_many(path: str, keyfile: str, names: list[str]) -> None:
+    key = paramiko.Ed25519Key.from_private_key_file(keyfile)
+    for name in names:
+        pin_key(Path(path), name, key)
+
+
+def test_concurrent_pins_from_processes_lose_nothing(tmp_path: Path) -> None:
+    import multiprocessing
+
+    kh = tmp_path / "known_hosts"
+    ctx = multiprocessing.get_context("fork")
+    groups = [[f"p{p}-h{i}" for i in range(40)] for p in range(3)]
+    procs = [
+        ctx.Process(target=_pin_many, args=(str(kh), str(_KEYFILE), names)) for names in groups
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    lines = kh.read_text().splitlines()
+    assert sorted(line.split()[0] for line in lines) == sorted(n for g in groups for n in g)
