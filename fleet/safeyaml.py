@@ -22,6 +22,7 @@ the bounded composer below), PyYAML's pure-Python parser otherwise.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -286,6 +287,53 @@ def load_yaml(text: str) -> Any:
         loader.dispose()
 
 
+class InputFileError(Exception):
+    """An input file that cannot be read as one (one line)."""
+
+
+def read_regular(path: Path, *, max_bytes: int, what: str) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` (a FIFO, a device or a
+    directory is refused without being opened for long): fleet's input files."""
+    import os
+    import stat
+
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise InputFileError(f"{what} {path} is {kind}")
+        if st.st_size > max_bytes:
+            raise InputFileError(f"{what} {path} is larger than {max_bytes} bytes")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InputFileError(f"{what} {path} is not a regular file")
+            data = os.read(fd, max_bytes + 1)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        raise InputFileError(f"{what} {path} not found") from None
+    except OSError as exc:
+        raise InputFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise InputFileError(f"{what} {path} is larger than {max_bytes} bytes")
+    return data
+
+
+def load_yaml_file(path: Path, *, max_bytes: int, what: str = "file") -> Any:
+    """:func:`load_yaml` of a regular UTF-8 file (see :func:`read_regular`); every
+    problem is an :class:`InputFileError`."""
+    data = read_regular(path, max_bytes=max_bytes, what=what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"{what} {path} is not UTF-8 text ({exc.reason})") from None
+    try:
+        return load_yaml(text)
+    except YamlError as exc:
+        raise InputFileError(f"{path}: {exc}") from None
+
+
 def _one_line(exc: yaml.MarkedYAMLError) -> YamlError:
     mark = exc.problem_mark or exc.context_mark
     problem = exc.problem or exc.context or type(exc).__name__
@@ -301,6 +349,9 @@ __all__ = [
     "MAX_ALIAS_EXPANSION",
     "MAX_DEPTH",
     "MAX_NUMBER_CHARS",
+    "InputFileError",
     "YamlError",
     "load_yaml",
+    "load_yaml_file",
+    "read_regular",
 ]

@@ -155,6 +155,26 @@ def sequence(*parts: Fragment | Raw) -> Fragment:
     return Fragment("; ".join(parts))
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def assignment(name: str, value: str) -> Fragment:
+    """``NAME=value`` for sh (a sourced env file, an ``export``): the name checked, the
+    value one word."""
+    if not _ENV_NAME.match(name):
+        raise UsageError(f"{name!r} is not an environment variable name")
+    return Fragment(f"{name}={word(value)}")
+
+
+def script_file(lines: Sequence[Fragment | Raw]) -> str:
+    """A POSIX sh script file (``#!/bin/sh`` and one command per line), every line made
+    by this module (a template filled by :func:`script`, or a :class:`Raw` constant)."""
+    for line in lines:
+        if not isinstance(line, Fragment | Raw) or "\n" in line:
+            raise TypeError("script_file() takes lines made by fleet.transport.shell")
+    return "#!/bin/sh\n" + "\n".join(lines) + "\n"
+
+
 def masked(command: str) -> str:
     """The command as it may be logged: API keys and tokens hidden."""
     from fleet.redact import redact_text

@@ -43,9 +43,25 @@ SAMPLE: dict[str, dict[str, Any]] = {
         "backup_root": "~/.fleet/patches",
     },
     "source": {"op": "show", "path": "_version.py", "start": 1, "end": 2, "time_limit": 30},
+    "serve": {
+        "op": "preflight",
+        "profile": {
+            "name": "p",
+            "model": "/nonexistent/target",
+            "drafter": "/nonexistent/drafter",
+            "host": "127.0.0.1",
+            "port": 0,
+            "vllm": "/nonexistent/vllm",
+        },
+    },
 }
 # Where each script's answer names the vLLM package directory.
-PACKAGE_DIR_KEY = {"facts": None, "patch": "package_dir", "source": "vllm_dir"}
+PACKAGE_DIR_KEY = {
+    "facts": "parts.vllm.value.path",
+    "patch": "package_dir",
+    "source": "vllm_dir",
+    "serve": "vllm.path",
+}
 NEWER_APIS = ("removeprefix", "removesuffix", "strict=", "math.lcm", "str | ", "| None")
 
 
@@ -89,7 +105,7 @@ def test_shipped_module_is_python38_and_stdlib_only(module: str) -> None:
 
 def test_every_script_is_covered() -> None:
     assert set(SCRIPTS) == set(SAMPLE), "add a sample request for each on-host script"
-    assert {"facts", "patch", "source"} <= set(SCRIPTS)
+    assert {"facts", "patch", "source", "serve"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -133,11 +149,10 @@ def test_script_answers_one_envelope_and_ignores_the_working_directory(
     raw = runner.run_raw(conn, script, SAMPLE[script], timeout=60)
     assert not (home / "SHADOWED").exists()
     installed = str((tree / "vllm").resolve())
-    key = PACKAGE_DIR_KEY[script]
-    if key is None:  # facts: the vllm part
-        assert raw.result["parts"]["vllm"]["value"]["path"] == installed
-    else:
-        assert raw.result[key] == installed
+    found: Any = raw.result
+    for key in PACKAGE_DIR_KEY[script].split("."):
+        found = found[key]
+    assert found == installed
     assert installed != str(decoy.resolve())
 
 
