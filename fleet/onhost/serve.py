@@ -183,6 +183,23 @@ def _health(port: int, timeout: float = 2.0) -> Optional[int]:
         conn.close()
 
 
+def _metrics(port: int, timeout: float = 5.0, limit: int = 512 * 1024) -> Optional[str]:
+    """The text of GET /metrics on this host (Prometheus exposition), or None."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        if response.status != 200:
+            return None
+        return response.read(limit).decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
 def _lock_held(path: str) -> bool:
     try:
         fd = os.open(path, os.O_RDWR)
@@ -560,6 +577,8 @@ def op_status(request: Dict[str, Any]) -> Dict[str, Any]:
         port = launch.get("port")
         if program["state"] == "RUNNING" and isinstance(port, int):
             entry["health"] = _health(port)
+            if entry["health"] == 200 and request.get("metrics"):
+                entry["metrics"] = _metrics(port)
         profiles[str(name)] = entry
     return {"profiles": profiles}
 

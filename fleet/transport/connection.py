@@ -23,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -210,15 +210,21 @@ class HostConnection:
         return split_lines(self.stream_bytes(command, timeout=timeout))
 
     def stream_bytes(
-        self, command: shell.Command | Sequence[str], *, timeout: float | None = None
-    ) -> Iterator[bytes]:
+        self,
+        command: shell.Command | Sequence[str],
+        *,
+        timeout: float | None = None,
+        tick: bool = False,
+    ) -> Generator[bytes, None, None]:
         """Yield stdout as it arrives, in chunks; stderr is discarded.
 
-        ``timeout`` is the longest wait for new output (then the generator ends). The
-        command's stdin stays open while the stream is read: closing the generator closes
-        the channel, and a remote command that waits for the end of its stdin (``cat
-        >/dev/null; kill ...``, see fleet.diagnosis.remote) ends with it even when it
-        never writes again. A dropped connection raises :class:`ConnectionLost`.
+        ``timeout`` is the longest wait for new output: then the generator ends, or with
+        ``tick`` yields ``b""`` and goes on waiting (a caller that watches the clock while
+        a remote command is silent). The command's stdin stays open while the stream is
+        read: closing the generator closes the channel, and a remote command that waits
+        for the end of its stdin (``cat >/dev/null; kill ...``, see fleet.diagnosis.remote)
+        ends with it even when it never writes again. A dropped connection raises
+        :class:`ConnectionLost`.
         """
         cmd = command_text(command)
         log.debug("%s: streaming: %s", self.host.name, shell.masked(cmd)[:500])
@@ -229,6 +235,9 @@ class HostConnection:
                 try:
                     data = chan.recv(65536)
                 except TimeoutError:
+                    if tick:
+                        yield b""
+                        continue
                     return
                 if not data:  # end of the stream: the command ended, or the connection
                     break
@@ -241,6 +250,19 @@ class HostConnection:
             ) from None
         finally:
             chan.close()
+
+    def open_tcp(self, port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> Any:
+        """A direct-tcpip channel to ``host:port`` as the host sees it (nothing needs to
+        be reachable from the control machine). Refused (nothing listens, as during a
+        vLLM load): :class:`ConnectionRefusedError`."""
+        try:
+            return self.transport.open_channel(
+                "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout
+            )
+        except paramiko.ChannelException as exc:
+            raise ConnectionRefusedError(f"{host}:{port} on {self.host.name}: {exc}") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectionLost(self.host.name, f"connection lost: {exc}") from None
 
     def transport_alive(self) -> bool:
         transport = self.fabric.client.get_transport()

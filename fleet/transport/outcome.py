@@ -12,7 +12,7 @@ A host's :class:`HostOutcome` has one of five statuses:
 
 plus a stable ``code`` (``fleet.errors.CODES``), the error line and its "next:" hint, and the
 exception itself (logged with ``-vv``). A per-host function returns a value; a value with an
-``outcome()`` method (:class:`Reports`) decides its host's status itself (a patch report
+``verdict()`` method (:class:`Reports`) decides its host's status itself (a patch report
 with a conflict is ``failed``/``patch-conflict``, one that wrote is ``changed``).
 """
 
@@ -50,7 +50,7 @@ class Verdict:
 
 @runtime_checkable
 class Reports(Protocol):
-    def outcome(self) -> Verdict: ...
+    def verdict(self) -> Verdict: ...
 
 
 _EXIT_OF: dict[str, int] = {
@@ -85,7 +85,7 @@ class HostOutcome(Generic[T]):
     def of_value(cls, host: str, value: T) -> HostOutcome[T]:
         """The outcome of a per-host function that returned ``value``."""
         if isinstance(value, Reports):
-            v = value.outcome()
+            v = value.verdict()
             exit_code = v.exit if v.exit is not None else _EXIT_OF[v.status]
             return cls(host, v.status, value, v.error, v.hint, v.code, exit_code)
         return cls(host, "ok", value)

@@ -13,9 +13,9 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet.errors import OperationFailed
 from fleet.transport import shell
@@ -78,8 +78,14 @@ class Runner(Protocol):
     ) -> Iterator[str]: ...
 
     def stream_bytes(
-        self, command: shell.Command | Sequence[str], *, timeout: float | None = None
-    ) -> Iterator[bytes]: ...
+        self,
+        command: shell.Command | Sequence[str],
+        *,
+        timeout: float | None = None,
+        tick: bool = False,
+    ) -> Generator[bytes, None, None]: ...
+
+    def open_tcp(self, port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> Any: ...
 
 
 def command_text(command: shell.Command | Sequence[str]) -> shell.Command:
@@ -181,10 +187,15 @@ class LocalRunner:
         return split_lines(self.stream_bytes(command, timeout=timeout))
 
     def stream_bytes(
-        self, command: shell.Command | Sequence[str], *, timeout: float | None = None
-    ) -> Iterator[bytes]:
-        """Yield stdout as it arrives; ``timeout`` is the longest wait for new output. The
-        command's stdin is held open while streaming, as over SSH."""
+        self,
+        command: shell.Command | Sequence[str],
+        *,
+        timeout: float | None = None,
+        tick: bool = False,
+    ) -> Generator[bytes, None, None]:
+        """Yield stdout as it arrives; ``timeout`` is the longest wait for new output
+        (then the stream ends, or with ``tick`` yields ``b""``). The command's stdin is held
+        open while streaming, as over SSH."""
         import selectors
         import signal
 
@@ -206,6 +217,9 @@ class LocalRunner:
         try:
             while True:
                 if not sel.select(timeout):
+                    if tick:
+                        yield b""
+                        continue
                     return
                 data = os.read(proc.stdout.fileno(), 65536)
                 if not data:
@@ -222,6 +236,18 @@ class LocalRunner:
                 proc.stdin.close()
             proc.wait()
             proc.stdout.close()
+
+    def connect(self, host: HostSpec | None = None) -> LocalRunner:
+        """This runner, as a session's connection to its one host (tests, local use)."""
+        return self
+
+    reconnect = connect
+
+    def open_tcp(self, port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> Any:
+        """A TCP connection to ``host:port`` on this machine."""
+        import socket
+
+        return socket.create_connection((host, port), timeout=timeout)
 
 
 def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:

@@ -12,7 +12,7 @@ class Report:
     def __init__(self, verdict: Verdict) -> None:
         self.verdict = verdict
 
-    def outcome(self) -> Verdict:
+    def verdict(self) -> Verdict:
         return self.verdict
 
 
