@@ -10,10 +10,10 @@ from fleet.transport import HostOutcome, Verdict, exit_code, hosts_json
 
 class Report:
     def __init__(self, verdict: Verdict) -> None:
-        self.verdict = verdict
+        self._verdict = verdict
 
     def verdict(self) -> Verdict:
-        return self.verdict
+        return self._verdict
 
 
 @pytest.mark.parametrize(
