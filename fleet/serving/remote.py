@@ -133,8 +133,9 @@ def launch(
     return run_onhost(conn, SCRIPT, request, LaunchAnswer, timeout=LAUNCH_TIMEOUT)
 
 
-def status(conn: Runner, names: list[str] | None = None) -> StatusAnswer:
-    return run_onhost(conn, SCRIPT, {"op": "status", "names": names or []}, StatusAnswer)
+def status(conn: Runner, names: list[str] | None = None, *, metrics: bool = False) -> StatusAnswer:
+    request = {"op": "status", "names": names or [], "metrics": metrics}
+    return run_onhost(conn, SCRIPT, request, StatusAnswer)
 
 
 def stop(conn: Runner, profile: str, *, timeout: float) -> StopAnswer:
