@@ -225,6 +225,9 @@ class HostSpec(BaseModel):
     python: str = "python3"
     connect_timeout: float | None = None
     groups: tuple[str, ...] = ()
+    vars: dict[str, Any] = {}
+    """Free variables (Ansible's host vars: ``models_dir``, ``vllm_port``...), merged from
+    the host's groups like the others; serve profiles render with them."""
 
     @property
     def target(self) -> str:
@@ -387,11 +390,9 @@ def parse_inventory(data: Any, label: str = "inventory") -> Inventory:
                 raise UsageError(
                     f"{label}: {show(name)}: no address given, and the host name {problem}"
                 )
-        hosts[name] = HostSpec(
-            name=name,
-            groups=tuple(member_of[name]),
-            **{k: v for k, v in merged.items() if v is not None},
-        )
+        known = {k: v for k, v in merged.items() if k in HostVars.model_fields and v is not None}
+        free = {k: v for k, v in merged.items() if k not in HostVars.model_fields}
+        hosts[name] = HostSpec(name=name, groups=tuple(member_of[name]), vars=free, **known)
     _check_jumps(hosts, label)
     order = {name: i for i, name in enumerate(hosts)}
     groups = {g: sorted(members, key=order.__getitem__) for g, members in builder.groups.items()}
@@ -428,6 +429,33 @@ def _check_outside_jump(host: HostSpec, jump: str, label: str) -> None:
     problem = address_problem(target)
     if problem:
         raise UsageError(f"{label}: {show(host.name)}.jump: the bastion {problem}")
+
+
+_FREE_VAR = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+MAX_FREE_VALUE = 4096
+
+
+def _is_free_var(name: str) -> bool:
+    """A free variable (as Ansible's host vars): a lower-case identifier that is neither an
+    Ansible connection name we do not take nor a near-miss of a known variable (those are
+    typos: refused with a suggestion)."""
+    if not _FREE_VAR.match(name) or name.startswith("ansible_"):
+        return False
+    known = list(HostVars.model_fields) + list(ALIASES)
+    return not difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+
+
+def _free_value(value: Any, fail: Any) -> Any:
+    """A free variable's value: a scalar or a list of scalars, bounded, no NUL."""
+    items = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and len(value) > 256:
+        raise fail("a list of more than 256 items")
+    for item in items:
+        if item is not None and not isinstance(item, str | int | float | bool):
+            raise fail("a free variable holds a string, a number, a boolean or a list of them")
+        if isinstance(item, str) and (len(item) > MAX_FREE_VALUE or "\0" in item):
+            raise fail(f"a string longer than {MAX_FREE_VALUE} characters or with a NUL")
+    return value
 
 
 class _Builder:
@@ -506,6 +534,7 @@ class _Builder:
         if not isinstance(raw, dict):
             raise self.fail(where, "must be a mapping of variable names to values")
         renamed: dict[str, Any] = {}
+        free: dict[str, Any] = {}
         for key, value in raw.items():
             if not isinstance(key, str):
                 raise self.fail(f"{where}.{show(key)}", "unknown host variable")
@@ -514,6 +543,10 @@ class _Builder:
                 raise self.fail(
                     f"{where}.{show(key)}", f"given twice (as '{canonical}' and an alias)"
                 )
+            if canonical not in HostVars.model_fields and _is_free_var(canonical):
+                at = f"{where}.{key}"
+                free[canonical] = _free_value(value, lambda p, at=at: self.fail(at, p))
+                continue
             renamed[canonical] = value
         try:
             model = HostVars.model_validate(renamed)
@@ -526,4 +559,4 @@ class _Builder:
                 hint = f" (did you mean '{close[0]}'?)" if close else ""
                 raise self.fail(f"{where}.{loc}", f"unknown host variable{hint}") from None
             raise self.fail(f"{where}.{loc}", show(err["msg"], 200)) from None
-        return model.model_dump(exclude_unset=True)
+        return {**model.model_dump(exclude_unset=True), **free}

@@ -238,3 +238,36 @@ def test_bastion_loop_is_refused() -> None:
     data = {"all": {"hosts": {"a": {"jump": "b"}, "b": {"jump": "c"}, "c": {"jump": "a"}}}}
     with pytest.raises(UsageError, match=r"inv\.yaml: a\.jump: bastion loop a -> b -> c -> a"):
         parse_inventory(data, "inv.yaml")
+
+
+def test_free_variables_are_host_vars_merged_from_groups() -> None:
+    inv = parse_inventory(
+        {
+            "all": {
+                "vars": {"models_dir": "/models", "tier": "gold"},
+                "children": {
+                    "b": {
+                        "vars": {"models_dir": "/data/models"},
+                        "hosts": {"h1": {"address": "10.0.0.1", "vllm_port": 8001}, "h2": {}},
+                    }
+                },
+            }
+        }
+    )
+    assert inv.hosts["h1"].vars == {"models_dir": "/data/models", "tier": "gold", "vllm_port": 8001}
+    assert inv.hosts["h2"].vars["models_dir"] == "/data/models"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("adress", "x", "did you mean 'address'"),  # a typo of a known variable
+        ("ansible_connection", "local", "unknown host variable"),
+        ("models_dir", {"nested": 1}, "a string, a number"),
+        ("models_dir", "a\0b", "NUL"),
+        ("Models-Dir", "x", "unknown host variable"),
+    ],
+)
+def test_free_variables_that_are_refused(key: str, value: object, problem: str) -> None:
+    with pytest.raises(UsageError, match=problem):
+        parse_inventory({"all": {"hosts": {"h1": {"address": "10.0.0.1", key: value}}}})
