@@ -1,5 +1,7 @@
 """Preflight rules on observations (pure), and the on-host preflight on real vLLM trees."""
 
+# ruff: noqa: E501  (observation tables)
+
 from __future__ import annotations
 
 import copy
@@ -104,8 +106,8 @@ def test_each_problem_is_its_diagnosis(path: str, value: Any, expected: str) -> 
 
 def test_the_observations_of_a_real_017_tree_predict_the_eagle3_crash(tmp_path: Path) -> None:
     """The on-host preflight reads the installed source: an unpatched 0.17.0 is refused."""
-    from fleet.serving import remote
     from fleet.sandbox.vllm_source import vllm_tree
+    from fleet.serving import remote
     from fleet.transport import LocalRunner
 
     target, drafter = tmp_path / "Kimi-K2.5", tmp_path / "Kimi-K25-eagle3"
