@@ -159,6 +159,8 @@ def _event_line(event: dict[str, Any]) -> str | None:
 @click.option("--no-wait", is_flag=True, help="Return once vLLM is started (follow later).")
 @click.option("--timeout", type=click.FloatRange(min=1), default=None, metavar="S",
               help="Load budget in seconds [default: the profile's load_timeout_s].")  # fmt: skip
+@click.option("--stall-timeout", type=click.FloatRange(min=1), default=None, metavar="S",
+              help="No new output for S seconds: stalled [default: the profile's].")  # fmt: skip
 @click.option("--skip-preflight", is_flag=True, help="Start even if preflight finds a problem.")
 @click.option("--restart", is_flag=True, help="Replace a server already running this profile.")
 @click.option("--events", is_flag=True, help="One JSON object per event on stdout.")
@@ -169,6 +171,7 @@ def serve(
     hosts: tuple[str, ...],
     no_wait: bool,
     timeout: float | None,
+    stall_timeout: float | None,
     skip_preflight: bool,
     restart: bool,
     events: bool,
@@ -188,7 +191,11 @@ def serve(
     selected = app.select(hosts)
     session = app.session()
     options = ServeOptions(
-        wait=not no_wait, skip_preflight=skip_preflight, restart=restart, timeout=timeout
+        wait=not no_wait,
+        skip_preflight=skip_preflight,
+        restart=restart,
+        timeout=timeout,
+        stall_timeout=stall_timeout,
     )
     inventory = {h.name: h for h in selected}
     with Display(app, [h.name for h in selected], events=events) as display:
