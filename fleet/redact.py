@@ -58,8 +58,9 @@ _SEQ_OPTION_RE = re.compile(r"""(?P<q>['"])(?P<name>--?[\w.-]+)(?P=q)[ \t]*,[ \t
 _AUTH_SCHEME_RE = re.compile(r"(?:Bearer|Basic|Token)[ \t]+(?=[^\s,;}'\"])", re.IGNORECASE)
 _SPACES_RE = re.compile(r"[ \t]*")
 _BARE_STOP_RE = re.compile(r"""[\s,;}'"\])]""")
-# after a bare assigned value, ",more" continues it unless "more" is another NAME=...
-_COMMA_MORE_RE = re.compile(r""",(?![\w.-]*[=:])(?=[^\s,;}'"\])])""")
+# after a bare assigned value, ",more" (no space) continues it: KEY=k1,k2 is two keys, and
+# "k2=x" may be a key with "=" in it as well as another setting; hiding both is the safe side
+_COMMA_MORE_RE = re.compile(r""",(?=[^\s,;}'"\])])""")
 _LIST_SEP_RE = re.compile(r"[ \t]*,[ \t]*")
 _CLOSE = {"[": "]", "(": ")", "{": "}", "'": "'", '"': '"'}
 
@@ -146,7 +147,7 @@ class _Finder:
 def _value_end(text: str, start: int, finder: _Finder, *, commas: bool = False) -> int:
     """Where the value starting at ``start`` ends: a bracketed list/tuple/set or a quoted
     string (closed on the same line), an auth scheme and its credentials, or a bare word
-    (``commas``: continued over ``,more`` that is not another assignment)."""
+    (``commas``: continued over ``,more``)."""
     opener = text[start]
     close = _CLOSE.get(opener)
     if close is not None:

@@ -185,7 +185,7 @@ def serve(
     """
     from fleet.serving.profile import profile_path
     from fleet.serving.service import ServeOptions, serve_host
-    from fleet.transport import exit_code, fan_out
+    from fleet.transport import exit_code
 
     profile_path(profile)  # an unknown profile is exit 2 before connecting
     selected = app.select(hosts)
@@ -203,7 +203,7 @@ def serve(
         def one(conn: Runner) -> ServeResult:
             return serve_host(session, inventory[conn.host.name], profile, options, display)
 
-        outcomes = fan_out(session, selected, one, forks=app.forks)
+        outcomes = app.fan_out(selected, one, session)
     if app.json_output:
         from fleet.cli.render import emit_json
         from fleet.transport import hosts_json
@@ -270,11 +270,11 @@ def status(app: AppContext, profile: str | None, hosts: tuple[str, ...]) -> int:
     """Each profile's server per host: starting, loading (phase, %), ready, crashed or
     stopped; pid, uptime, endpoint, the last acceptance rate."""
     from fleet.serving.status import host_status
-    from fleet.transport import exit_code, fan_out
+    from fleet.transport import exit_code
 
     selected = app.select(hosts)
     session = app.session()
-    outcomes = fan_out(session, selected, lambda c: host_status(c, profile), forks=app.forks)
+    outcomes = app.fan_out(selected, lambda c: host_status(c, profile), session)
     if app.json_output:
         from fleet.cli.render import emit_json
         from fleet.transport import hosts_json
@@ -318,16 +318,15 @@ def stop(app: AppContext, profile: str, hosts: tuple[str, ...]) -> int:
     period; idempotent ("already stopped"). Reports the GPU memory in use afterwards."""
     from fleet.serving.profile import profile_path
     from fleet.serving.status import stop_host
-    from fleet.transport import exit_code, fan_out
+    from fleet.transport import exit_code
 
     profile_path(profile)
     selected = app.select(hosts)
     session = app.session()
     inventory = {h.name: h for h in selected}
-    outcomes = fan_out(
-        session, selected, lambda c: stop_host(c, inventory[c.host.name], profile),
-        forks=app.forks,
-    )  # fmt: skip
+    outcomes = app.fan_out(
+        selected, lambda c: stop_host(c, inventory[c.host.name], profile), session
+    )
     if app.json_output:
         from fleet.cli.render import emit_json
         from fleet.transport import hosts_json

@@ -37,6 +37,7 @@ import re
 import stat
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -45,8 +46,8 @@ import paramiko
 
 from fleet.errors import HostKeyError, UsageError
 
-MAX_KNOWN_HOSTS_BYTES = 16 * 1024 * 1024
-"""A known_hosts file larger than this is refused (about 100,000 pinned keys)."""
+MAX_KNOWN_HOSTS_BYTES = 64 * 1024 * 1024
+"""A known_hosts file larger than this is refused (some 100,000 RSA or 600,000 Ed25519 keys)."""
 
 KEY_TYPES = frozenset(
     {
@@ -231,6 +232,20 @@ def parse_line(raw: bytes, lineno: int = 0) -> KnownHostsEntry | None:
 
 
 _WILDCARD = re.compile(r"[*?!]")
+_PORTED = re.compile(r"\[(?P<host>[^\]]+)\]:(?P<port>[0-9]+)")
+
+
+def _bare_host(name: str) -> str | None:
+    """``host`` for ``[host]:port`` off port 22 (OpenSSH's "without port identifier")."""
+    m = _PORTED.fullmatch(name)
+    return m["host"] if m and int(m["port"]) not in (0, 22) else None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Literal["pinned", "unknown", "changed", "revoked"]
+    pinned: paramiko.PKey | None = None
+    """The pinned key the offered one was compared with (for its fingerprint)."""
 
 
 @dataclass
@@ -305,6 +320,35 @@ class KnownHosts:
                 seen.add(entry.blob)
                 keys.append(key)
         return keys
+
+    def verdict(self, name: str, key: paramiko.PKey) -> Verdict:
+        """What OpenSSH's ``check_host_key`` decides for ``key`` offered by ``name``.
+
+        Revoked for ``name`` -> "revoked". Equal to a pinned key of its type ->
+        "pinned"; a different key of that type -> "changed". Nothing of its type pinned
+        under ``[host]:port`` (off port 22): OpenSSH checks again "without port
+        identifier" and accepts the key when it is pinned, unrevoked, under the bare
+        ``host``. Otherwise a key of another type pinned -> "changed" (fleet does not
+        quietly add a second identity), nothing at all -> "unknown"."""
+        if self.is_revoked(name, key):
+            return Verdict("revoked")
+        pinned = self.keys_for(name)
+        same_type = [k for k in pinned if k.get_name() == key.get_name()]
+        blob = key.asbytes()
+        if any(k.asbytes() == blob for k in same_type):
+            return Verdict("pinned", key)
+        if same_type:
+            return Verdict("changed", same_type[0])
+        bare = _bare_host(name)
+        if (
+            bare is not None
+            and not self.is_revoked(bare, key)
+            and any(k.asbytes() == blob for k in self.keys_for(bare))
+        ):
+            return Verdict("pinned", key)
+        if pinned:
+            return Verdict("changed", pinned[0])
+        return Verdict("unknown")
 
     def lookup(self, name: str) -> dict[str, paramiko.PKey] | None:
         """Like ``paramiko.HostKeys.lookup``: key type -> key (the first pinned of each
@@ -439,21 +483,11 @@ def revoked_error(label: str, hostname: str, key: paramiko.PKey, path: Path | st
 
 
 def _judge(known: KnownHosts, name: str, key: paramiko.PKey, path: Path | str) -> KeyCheck:
-    if known.is_revoked(name, key):
+    verdict = known.verdict(name, key)
+    if verdict.status == "revoked":
         raise revoked_error(name, name, key, path)
-    fp = fingerprint(key)
-    pinned = known.keys_for(name)
-    if not pinned:
-        return KeyCheck("unknown", key.get_name(), fp)
-    same_type = [k for k in pinned if k.get_name() == key.get_name()]
-    if not same_type:
-        # A key of another type is pinned: OpenSSH would negotiate that type. Treat a
-        # different key type as a changed identity rather than quietly adding one.
-        return KeyCheck("changed", key.get_name(), fp, fingerprint(pinned[0]))
-    blob = key.asbytes()
-    if any(k.asbytes() == blob for k in same_type):
-        return KeyCheck("pinned", key.get_name(), fp, fp)
-    return KeyCheck("changed", key.get_name(), fp, fingerprint(same_type[0]))
+    pinned_fp = fingerprint(verdict.pinned) if verdict.pinned is not None else None
+    return KeyCheck(verdict.status, key.get_name(), fingerprint(key), pinned_fp)
 
 
 def check_key(path: Path, name: str, key: paramiko.PKey) -> KeyCheck:
@@ -576,8 +610,11 @@ class UnknownHostKey(paramiko.SSHException):
 
 
 class RejectUnknown(paramiko.MissingHostKeyPolicy):
-    """Never accept a key silently (paramiko's default in Fabric is AutoAddPolicy); a
-    revoked key is refused as revoked."""
+    """Never accept a key silently (paramiko's default in Fabric is AutoAddPolicy).
+
+    paramiko calls this when nothing is pinned under the host's name: the key is still
+    accepted when OpenSSH would (pinned under the bare host off port 22), refused as
+    revoked when it is ``@revoked``, and refused as unknown otherwise."""
 
     def __init__(self, known: KnownHosts | None = None, label: str = "") -> None:
         self.known = known
@@ -586,53 +623,83 @@ class RejectUnknown(paramiko.MissingHostKeyPolicy):
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
     ) -> None:
-        if self.known is not None and self.known.is_revoked(hostname, key):
-            raise revoked_error(self.label or hostname, hostname, key, self.known.path)
+        if self.known is not None:
+            status = self.known.verdict(hostname, key).status
+            if status == "pinned":
+                return
+            if status == "revoked":
+                raise revoked_error(self.label or hostname, hostname, key, self.known.path)
         raise UnknownHostKey(hostname, key)
 
 
-class _AnyPinned:
-    """Stands for every pinned key of one type in paramiko's comparison
-    ``our_key != server_key``: OpenSSH accepts a server key equal to any pinned line."""
+class _Judged:
+    """Stands for the pinned keys in paramiko's comparison ``our_key != server_key``, and
+    answers with :meth:`KnownHosts.verdict`: any pinned line of the type may match (as in
+    OpenSSH), and a revoked key is refused as revoked. Attribute access (fingerprints in
+    BadHostKeyException) goes to the pinned key shown as the expected one."""
 
-    def __init__(self, keys: list[paramiko.PKey]) -> None:
-        self.keys = keys
+    def __init__(self, known: KnownHosts, hostname: str, label: str, shown: paramiko.PKey):
+        self._known = known
+        self._hostname = hostname
+        self._label = label
+        self._shown = shown
 
     def __eq__(self, other: object) -> bool:
-        return any(k == other for k in self.keys)
+        if not isinstance(other, paramiko.PKey):
+            return NotImplemented
+        status = self._known.verdict(self._hostname, other).status
+        if status == "revoked":
+            raise revoked_error(self._label or self._hostname, self._hostname, other, "")
+        return status == "pinned"
 
     def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __getattr__(self, name: str) -> Any:  # fingerprint(), get_name()... of the first
-        return getattr(self.keys[0], name)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._shown, name)
 
 
 class _PinnedKeys(dict[str, Any]):
     """What paramiko's client expects from ``HostKeys.get(name)``: ``keys()[0]`` is the
-    preferred key type, ``get(type)`` the pinned key(s) of that type."""
+    preferred key type (paramiko asks the server for it first), ``get(type)`` stands for
+    the pinned keys (of any type: the verdict decides)."""
+
+    def __init__(self, types: list[str], judged: Callable[[str], _Judged]) -> None:
+        super().__init__({t: None for t in types})
+        self._judged = judged
 
     def keys(self) -> list[str]:  # type: ignore[override]
         return list(super().keys())
 
+    def get(self, key_type: str, default: Any = None) -> Any:
+        return self._judged(key_type)
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        return [self._judged(t) for t in self.keys()]
+
 
 class PinnedHostKeys(paramiko.HostKeys):
-    """A paramiko ``HostKeys`` answering from :class:`KnownHosts` (OpenSSH matching),
-    revoked keys left out."""
+    """A paramiko ``HostKeys`` answering from :class:`KnownHosts` (OpenSSH matching)."""
 
-    def __init__(self, known: KnownHosts) -> None:
+    def __init__(self, known: KnownHosts, label: str = "") -> None:
         super().__init__()
         self.known = known
+        self.label = label
 
     def lookup(self, hostname: str) -> Any:
-        by_type: dict[str, list[paramiko.PKey]] = {}
-        for key in self.known.keys_for(hostname):
-            by_type.setdefault(key.get_name(), []).append(key)
-        if not by_type:
-            return None
-        return _PinnedKeys({t: _AnyPinned(keys) for t, keys in by_type.items()})
+        pinned = self.known.keys_for(hostname)
+        if not pinned:
+            return None  # the policy decides (bare-host fallback, revoked, unknown)
+        types = list(dict.fromkeys(k.get_name() for k in pinned))
+
+        def judged(key_type: str) -> _Judged:
+            shown = next((k for k in pinned if k.get_name() == key_type), pinned[0])
+            return _Judged(self.known, hostname, self.label, shown)
+
+        return _PinnedKeys(types, judged)
 
 
 def strict_client(client: paramiko.SSHClient, known_hosts: Path, label: str = "") -> None:
@@ -641,5 +708,5 @@ def strict_client(client: paramiko.SSHClient, known_hosts: Path, label: str = ""
     revoked keys refused (:class:`HostKeyError`)."""
     known = load_known_hosts(known_hosts)
     client.set_missing_host_key_policy(RejectUnknown(known, label))
-    client._host_keys = PinnedHostKeys(known)  # type: ignore[attr-defined]
+    client._host_keys = PinnedHostKeys(known, label)  # type: ignore[attr-defined]
     client._host_keys_filename = None  # type: ignore[attr-defined]  # never saved back

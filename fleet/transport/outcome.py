@@ -152,6 +152,19 @@ def hosts_json(
     return {"hosts": {o.host: o.to_json(body) for o in outcomes}}
 
 
+def raise_if_all_bad_input(outcomes: Sequence[HostOutcome[Any]]) -> None:
+    """When every host was refused for bad input (exit 2: an unusable known_hosts file, a
+    path outside the tree on every host), the run is a usage error: one line, exit 2."""
+    if not outcomes or any(o.exit != EXIT_USAGE for o in outcomes):
+        return
+    first = outcomes[0]
+    others = len(outcomes) - 1
+    if isinstance(first.exc, UsageError) and others == 0:
+        raise first.exc
+    more = f" (and {others} more host{'s' if others > 1 else ''})" if others else ""
+    raise UsageError(f"{first.host}: {first.error}{more}", hint=first.hint, code=first.code)
+
+
 def exit_code(outcomes: Sequence[HostOutcome[Any]], *, problem_found: bool = False) -> int:
     """One exit code for a per-host run: 2 if any host's input was bad, else 3 if any host
     was unreachable, else 1 if any failed or was refused (or ``problem_found``: a diagnosis

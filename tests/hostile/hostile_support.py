@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from click.testing import CliRunner
 
-KINDS = ("tracebacks", "wrong exit", "hangs", "executions", "data loss")
+KINDS = ("tracebacks", "wrong exit", "hangs", "executions", "data loss", "leaks")
 SCALE = max(1, int(os.environ.get("FLEET_HOSTILE_SCALE", "1") or "1"))
 T = TypeVar("T")
 

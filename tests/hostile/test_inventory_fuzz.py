@@ -35,7 +35,7 @@ from fleet.errors import UsageError
 from fleet.inventory import Inventory, address_problem, load_inventory
 
 HANG_SECONDS = 10.0  # far above any sane load (ms); a hang, not a timing test
-CLI_EVERY = 5
+CLI_EVERY = 8
 
 PAYLOADS = [
     "$(touch {canary})",

@@ -403,3 +403,23 @@ def test_recorded_sandbox_documents(version: str, supported: bool) -> None:
     assert facts.vllm.eagle3_allowlist.deepseek is supported
     assert gpu_summary(facts.gpus) == "8 × NVIDIA B200 (179 GiB)"
     assert not facts.supervisors.systemd  # recorded in a container: PID 1 is not systemd
+
+
+@pytest.mark.parametrize("odd", ["²", "٣", "１２", "99999", "0", "-1", "8000 "])
+def test_odd_port_is_no_port_not_a_failed_host(odd: str) -> None:
+    procs = [{"pid": 5, "ppid": 1, "uid": 0, "argv": ["vllm", "serve", "M", "--port", odd]}]
+    (server,) = parse_servers(procs)
+    assert server.port is None and server.model == "M"
+
+
+def test_an_odd_part_lands_in_its_own_error() -> None:
+    doc = fixture_json("documents/sandbox-0.18.0.json")
+    doc["parts"]["disk"] = {"value": {"home": {"path": "/h", "total": "lots", "used": 1}}}
+    odd_process = {"pid": "x", "argv": ["vllm", "serve"]}
+    doc["parts"]["processes"] = {"value": {"processes": [odd_process, 7]}}
+    facts = parse_facts(doc)
+    assert facts.errors == {
+        "disk:home": "unexpected disk usage data from the host",
+        "processes": "2 process entries could not be understood",
+    }
+    assert facts.vllm.version == "0.18.0" and len(facts.gpus) == 8

@@ -382,3 +382,17 @@ def test_concurrent_pins_from_processes_lose_nothing(tmp_path: Path) -> None:
         assert proc.exitcode == 0
     lines = kh.read_text().splitlines()
     assert sorted(line.split()[0] for line in lines) == sorted(n for g in groups for n in g)
+
+
+def test_off_port_22_the_bare_host_is_checked_too(tmp_path: Path) -> None:
+    # OpenSSH: nothing of the key's type under [host]:port -> "checking without port
+    # identifier"; only an exact, unrevoked match there is accepted
+    key, other = _pub("a"), _pub("b")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(_line("10.0.0.5", key))
+    assert check_key(kh, "[10.0.0.5]:2200", key).status == "pinned"
+    assert check_key(kh, "[10.0.0.5]:2200", other).status == "unknown"
+    kh.write_text(_line("[10.0.0.5]:2200", other) + _line("10.0.0.5", key))
+    assert check_key(kh, "[10.0.0.5]:2200", key).status == "changed"  # the port's key wins
+    kh.write_text(_line("10.0.0.5", key) + _line("10.0.0.5", key, "@revoked"))
+    assert check_key(kh, "[10.0.0.5]:2200", key).status == "unknown"
