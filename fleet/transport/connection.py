@@ -103,6 +103,12 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError)
 
 
+def _handshake_stalled(exc: BaseException) -> bool:
+    """paramiko's word for a peer that accepted TCP but never finished the SSH handshake
+    within the timeout (a stalled, e.g. paused, host): a timeout, not a protocol error."""
+    return isinstance(exc, paramiko.SSHException) and "no existing session" in str(exc).lower()
+
+
 def _attempts() -> int:
     try:
         return max(1, int(os.environ.get("FLEET_CONNECT_ATTEMPTS", "3")))
@@ -366,10 +372,12 @@ def open_connection(
         conn = fabric_connection(spec, options, shared)
         try:
             conn.open()
-        except BaseException:
+        except BaseException as exc:
             conn.close()
             for hop in _owned_gateways(conn, shared):
                 hop.close()
+            if _handshake_stalled(exc):
+                raise TimeoutError() from None
             raise
         transport = conn.client.get_transport()
         if transport is not None:
