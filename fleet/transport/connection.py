@@ -189,8 +189,15 @@ class HostConnection:
         try:
             if stdin is not None:
                 data = stdin.encode() if isinstance(stdin, str) else stdin
-                chan.sendall(data)
-            chan.shutdown_write()
+                try:
+                    chan.sendall(data)
+                except OSError:
+                    # The command ended before reading all of its input (e.g. exec of a
+                    # missing interpreter): its exit status says what happened.
+                    if not chan.exit_status_ready():
+                        raise
+            if not chan.closed:
+                chan.shutdown_write()
             while True:
                 if deadline is not None:
                     remaining = deadline - time.monotonic()

@@ -163,3 +163,20 @@ def test_restart_host_ends_its_sessions_and_comes_back_on_the_same_port(
     assert ping.returncode == 0, ping.stdout + ping.stderr  # same key: still pinned
     assert {h["host_key"] for h in json.loads(ping.stdout)["hosts"].values()} == {"pinned"}
     assert sandbox.running(other)
+
+
+@pytest.mark.sandbox(hosts=1, vllm=("0.17.0",))
+def test_command_that_exits_before_reading_its_input_reports_its_exit_code(
+    sandbox: Sandbox,
+) -> None:
+    """Seen first in the docker stage: `exec /missing/python -` with the facts script on
+    stdin ends at once; that is the command's failure, not a lost connection."""
+    inv = load_inventory(sandbox.inventory_path)
+    big = b"x" * (8 << 20)  # far more than the channel's window: the host closes mid-send
+    with Session(inv) as session:
+        conn = session.connect(inv.hosts[sandbox.hosts[0].name])
+        for _ in range(3):
+            res = conn.run(["sh", "-c", "exec /nonexistent/bin/python3 -"], stdin=big, timeout=60)
+            assert res.exit_code == 127, res.stderr
+            assert "/nonexistent/bin/python3" in res.stderr
+        assert conn.run(["echo", "still connected"], timeout=30).stdout == "still connected\n"
