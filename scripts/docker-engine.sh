@@ -169,8 +169,8 @@ stop_engine() {
   SUDO=()
   [ -n "$sudo_word" ] && SUDO=(sudo -n)
   as_root kill -TERM "$pid" 2>/dev/null || true
-  local i
-  for i in $(seq 1 150); do
+  local _
+  for _ in $(seq 1 150); do
     [ "$(start_token "$pid")" = "$(state_get start)" ] || break
     sleep 0.2
   done
@@ -247,6 +247,7 @@ build_base() {
       fail "debootstrap failed: $(tail -n 1 "$CACHE/debootstrap.log")"
     fi
     # No downloaded .debs, apt lists or host keys in the image.
+    # shellcheck disable=SC2016  # $1 is expanded by that sh
     as_root sh -c 'rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/lib/apt/lists/* \
                           "$1"/etc/ssh/ssh_host_*' sh "$tmp/root"
     as_root tar -C "$tmp/root" --numeric-owner -cf "$tmp/rootfs.tar" .
@@ -269,7 +270,12 @@ build_base() {
 }
 
 # -- commands ----------------------------------------------------------------------------
-mkdir -p "$CACHE"
+if ! mkdir -p "$CACHE" 2>/dev/null; then  # e.g. a HOME that cannot be written
+  CACHE=${TMPDIR:-/tmp}/fleet-$(id -u)/docker
+  STATE=$CACHE/dockerd.state
+  LOG=$CACHE/dockerd.log
+  mkdir -p "$CACHE"
+fi
 cmd=${1:-start}
 case $cmd in
   start)

@@ -17,6 +17,7 @@ owned=0
 if ! scripts/docker-engine.sh status >/dev/null 2>&1; then
   owned=1  # no engine answers yet: the one started now is this run's to stop
 fi
+# shellcheck disable=SC2317  # run by the EXIT trap
 stop_engine() {
   if [ "$owned" = 1 ]; then
     scripts/docker-engine.sh stop || true
@@ -43,11 +44,28 @@ if [ "$rc" != 0 ]; then
 fi
 engine_ready=$(date +%s)
 
+# What fleet made (its label is only read here, to list; fleet acts by recorded ids).
+fleet_objects() {
+  docker ps -a -q --no-trunc --filter label=org.fleet.sandbox | sed 's/^/container /'
+  docker network ls -q --no-trunc --filter label=org.fleet.sandbox | sed 's/^/network /'
+}
+before=$(fleet_objects | sort)
+
 set +e
 FLEET_SANDBOX_BACKEND=docker .venv/bin/python -m pytest -m docker "${@:-tests/integration}"
 rc=$?
 set -e
 end=$(date +%s)
+
+echo "== docker ps -a after the docker stage"
+docker ps -a
+left=$(comm -13 <(echo "$before") <(fleet_objects | sort) | sed '/^$/d')
+if [ -n "$left" ]; then
+  echo "== docker stage FAILED: the tests left behind: $(tr '\n' ' ' <<<"$left")" >&2
+  [ "$rc" != 0 ] || rc=1
+else
+  echo "== no fleet containers or networks left behind"
+fi
 echo "== docker stage: pytest exit $rc; wall time $((end - stage_start))s" \
      "(engine and base image $((engine_ready - stage_start))s, tests $((end - engine_ready))s)"
 exit "$rc"

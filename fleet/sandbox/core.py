@@ -393,8 +393,9 @@ class Sandbox:
         return new_key
 
     def pause_host(self, name: str) -> None:
-        """Freeze every process of one host (docker: ``docker pause``; local: SIGSTOP): a
-        stalled peer that neither answers nor closes. Its port still accepts connections."""
+        """Freeze one host: a stalled peer that neither answers nor closes (its port still
+        accepts TCP connections). docker: ``docker pause``, every process of the host;
+        local: SIGSTOP to its sshd and every session below it."""
         self.backend().pause(self.host(name))
 
     def unpause_host(self, name: str) -> None:
