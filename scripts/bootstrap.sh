@@ -38,3 +38,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! .venv/bin/python -
   .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
   echo "$want" > "$stamp"
 fi
+
+# --docker: also a Docker engine and the docker-sshd sandbox's base image (idempotent).
+for arg in "$@"; do
+  if [ "$arg" = --docker ]; then exec scripts/docker-engine.sh start; fi
+done

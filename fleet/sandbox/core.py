@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,6 +58,12 @@ class HostBackend(Protocol):
     ) -> list[int]: ...
     def log_text(self, host: model.SandboxHost) -> str: ...
     def remove(self, host: model.SandboxHost) -> None: ...
+    # A stalled peer, a restarted host, and what `down` frees beyond stopping:
+    def pause(self, host: model.SandboxHost) -> None: ...
+    def unpause(self, host: model.SandboxHost) -> None: ...
+    def restart(self, host: model.SandboxHost) -> None: ...
+    def release(self, hosts: Sequence[model.SandboxHost]) -> None: ...
+    def host_details(self, host: model.SandboxHost) -> dict[str, str]: ...
 
 
 def current_user() -> str:
@@ -88,6 +94,7 @@ class HostStatus:
     running: bool
     python: str
     home: str
+    details: dict[str, str] = field(default_factory=dict)  # backend's ids (docker: image...)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +104,7 @@ class HostStatus:
             "running": self.running,
             "python": self.python,
             "home": self.home,
+            **self.details,
         }
 
 
@@ -195,10 +203,18 @@ class Sandbox:
         pinned: bool = True,
         progress: Progress | None = None,
         workers: int = 4,
+        no_supervisor: Sequence[str] = (),
     ) -> Sandbox:
-        """Start ``hosts`` rehearsal hosts, vLLM versions round-robin; write the inventory."""
+        """Start ``hosts`` rehearsal hosts, vLLM versions round-robin; write the inventory.
+
+        ``no_supervisor``: names of hosts built without supervisord (docker backend: the
+        image variant without Debian's supervisor package; local hosts never have one).
+        """
         say = progress or (lambda _msg: None)
         model.validate_hosts(hosts)
+        unknown = sorted(set(no_supervisor) - set(model.host_names(hosts)))
+        if unknown:
+            raise UsageError(f"no_supervisor: no such host(s): {', '.join(unknown)}")
         versions = [model.validate_version(v) for v in versions] or list(model.DEFAULT_VERSIONS)
         if load_seconds < 0:
             raise UsageError(f"--load-seconds {load_seconds}: must not be negative")
@@ -237,6 +253,7 @@ class Sandbox:
                         "load_seconds": load_seconds,
                         "gpu_name": "NVIDIA B200",
                         "gpu_count": 8,
+                        "supervisor": host.name not in no_supervisor,
                     }
                     impl.prepare(host, trees[host.vllm], client_pub, info)
 
@@ -253,6 +270,8 @@ class Sandbox:
                 sandbox._write_inventory()
             except BaseException:
                 sandbox._stop_all(impl, workloads=True)
+                with contextlib.suppress(Exception):  # the first error is the one to see
+                    impl.release(sandbox.state.hosts)
                 raise
         say(f"{hosts} host(s) up; inventory: {sandbox.inventory_path}")
         return sandbox
@@ -270,13 +289,16 @@ class Sandbox:
         self.purge()
 
     def down(self, *, purge: bool = False) -> list[str]:
-        """Stop exactly what ``up`` started; safe to run twice. Returns the hosts stopped."""
+        """Stop exactly what ``up`` started and free what it made (docker: containers and
+        network, removed by recorded id); safe to run twice. Returns the hosts stopped."""
         if not self.exists():
             if purge:
                 self.purge()
             return []
         with _dir_lock(self.dir):
-            stopped = self._stop_all(self.backend(), workloads=True)
+            impl = self.backend()
+            stopped = self._stop_all(impl, workloads=True)
+            impl.release(self.state.hosts)
             if purge:
                 self.purge()
         return stopped
@@ -297,6 +319,8 @@ class Sandbox:
             for host in self.state.hosts:
                 if impl.running(host):
                     raise UsageError(f"{host.name} is still running; run fleet sandbox down first")
+            impl.release(self.state.hosts)
+            for host in self.state.hosts:
                 impl.remove(host)
         for name in (model.INVENTORY_FILE, model.KNOWN_HOSTS_FILE, model.STATE_FILE):
             (self.dir / name).unlink(missing_ok=True)
@@ -308,7 +332,16 @@ class Sandbox:
     def status(self) -> list[HostStatus]:
         impl = self.backend()
         return [
-            HostStatus(h.name, h.vllm, h.address, h.port, impl.running(h), h.python, h.home)
+            HostStatus(
+                h.name,
+                h.vllm,
+                h.address,
+                h.port,
+                impl.running(h),
+                h.python,
+                h.home,
+                impl.host_details(h),
+            )
             for h in self.state.hosts
         ]
 
@@ -364,6 +397,21 @@ class Sandbox:
         if was_running:
             impl.start(host)
         return new_key
+
+    def pause_host(self, name: str) -> None:
+        """Freeze one host: a stalled peer that neither answers nor closes (its port still
+        accepts TCP connections). docker: ``docker pause``, every process of the host;
+        local: SIGSTOP to its sshd and every session below it."""
+        self.backend().pause(self.host(name))
+
+    def unpause_host(self, name: str) -> None:
+        """Let a paused host run on (no-op if it is not paused)."""
+        self.backend().unpause(self.host(name))
+
+    def restart_host(self, name: str) -> None:
+        """Restart one host as a reboot would (docker: ``docker restart``): every process on
+        it ends, it comes back on the same address, port and key."""
+        self.backend().restart(self.host(name))
 
     def running(self, name: str) -> bool:
         return self.backend().running(self.host(name))

@@ -70,6 +70,12 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError)
 
 
+def _handshake_stalled(exc: BaseException) -> bool:
+    """paramiko's word for a peer that accepted TCP but never finished the SSH handshake
+    within the timeout (a stalled, e.g. paused, host): a timeout, not a protocol error."""
+    return isinstance(exc, paramiko.SSHException) and "no existing session" in str(exc).lower()
+
+
 def _attempts() -> int:
     try:
         return max(1, int(os.environ.get("FLEET_CONNECT_ATTEMPTS", "3")))
@@ -150,8 +156,15 @@ class HostConnection:
         try:
             if stdin is not None:
                 data = stdin.encode() if isinstance(stdin, str) else stdin
-                chan.sendall(data)
-            chan.shutdown_write()
+                try:
+                    chan.sendall(data)
+                except OSError:
+                    # The command ended before reading all of its input (e.g. exec of a
+                    # missing interpreter): its exit status says what happened.
+                    if not chan.exit_status_ready():
+                        raise
+            if not chan.closed:
+                chan.shutdown_write()
             while True:
                 if deadline is not None:
                     remaining = deadline - time.monotonic()
@@ -366,10 +379,12 @@ def open_connection(
         conn = fabric_connection(spec, options, shared)
         try:
             conn.open()
-        except BaseException:
+        except BaseException as exc:
             conn.close()
             for hop in _owned_gateways(conn, shared):
                 hop.close()
+            if _handshake_stalled(exc):
+                raise TimeoutError() from None
             raise
         transport = conn.client.get_transport()
         if transport is not None:

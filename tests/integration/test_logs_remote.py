@@ -63,6 +63,7 @@ def write_log(box: Sandbox, profile: str, text: str) -> None:
     )
 
 
+@pytest.mark.docker
 def test_large_log_is_diagnosed_moving_a_small_fraction(box: Sandbox) -> None:
     host = box.hosts[0]
     python = shlex.quote(host.python)
@@ -106,6 +107,7 @@ def test_large_log_is_diagnosed_moving_a_small_fraction(box: Sandbox) -> None:
     on_host(box, 'rm -f "$HOME/.fleet/run/big/vllm.log"')
 
 
+@pytest.mark.docker
 def test_clean_and_missing_logs(box: Sandbox) -> None:
     name = box.hosts[0].name
     write_log(
@@ -126,6 +128,7 @@ def test_clean_and_missing_logs(box: Sandbox) -> None:
     assert shown.stdout.strip().endswith("Application startup complete.")
 
 
+@pytest.mark.docker
 def test_hostile_path_is_quoted(box: Sandbox) -> None:
     name = box.hosts[0].name
     weird = "we ird 'q\" ; $(touch PWNED1) `touch PWNED2` | touch PWNED3 & #.log"
@@ -288,6 +291,7 @@ def test_follow_json_without_diagnose_prints_each_line(box: Sandbox) -> None:
     ]
 
 
+@pytest.mark.docker
 def test_pathological_log_is_capped_and_secrets_masked(box: Sandbox) -> None:
     """Every line matches the prefilter: at most the byte cap crosses the network, the end
     of the log is still diagnosed, and the API key in vLLM's args line is never shown."""

@@ -83,6 +83,7 @@ def by_version(box: Sandbox) -> dict[str, str]:
 
 
 @pytest.mark.sandbox(hosts=6, vllm=VERSIONS)
+@pytest.mark.docker
 def test_apply_again_revert_apply_across_versions(sandbox: Sandbox) -> None:
     versions = by_version(sandbox)
     original = shas(sandbox)
@@ -197,6 +198,7 @@ CUTS = [
 
 @pytest.mark.sandbox(hosts=1, vllm=("0.15.0",))
 @pytest.mark.parametrize(("point", "how_many"), CUTS, ids=[c[0] for c in CUTS])
+@pytest.mark.docker
 def test_connection_cut_during_apply(sandbox: Sandbox, point: str, how_many: str) -> None:
     """sshd and the write script are SIGKILLed while the script pauses at ``point``."""
     (host,) = (h.name for h in sandbox.hosts)
@@ -315,6 +317,7 @@ def test_revert_refuses_changed_file_unless_forced(sandbox: Sandbox) -> None:
     assert forced["ok"] and shas(sandbox)[host] == original
 
 
+@pytest.mark.docker
 def test_check_on_the_shared_fleet(shared_sandbox: Sandbox) -> None:
     """Read-only: the sandbox trees cannot even be imported (no torch); --check never
     tries, and reports the 0.17 hosts as would-apply, the 0.18 host as not-needed."""

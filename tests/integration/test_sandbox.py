@@ -84,6 +84,7 @@ def test_inventory_is_the_design_contract_and_loads(shared_sandbox: Sandbox) -> 
     assert len({line.split()[2] for line in lines}) == len(box.hosts)
 
 
+@pytest.mark.docker
 def test_host_has_real_vllm_files_of_its_version_and_own_home(shared_sandbox: Sandbox) -> None:
     box = shared_sandbox
     probe = (
@@ -110,6 +111,7 @@ def test_host_has_real_vllm_files_of_its_version_and_own_home(shared_sandbox: Sa
             assert (pkg / rel).read_bytes() == vllm_file(host.vllm, rel).read_bytes()
 
 
+@pytest.mark.docker
 def test_eagle3_interface_differs_between_017_and_018(shared_sandbox: Sandbox) -> None:
     box = shared_sandbox
     found = {}
@@ -126,6 +128,7 @@ def test_eagle3_interface_differs_between_017_and_018(shared_sandbox: Sandbox) -
     assert found["0.18.0"] > 0
 
 
+@pytest.mark.docker
 def test_nvidia_smi_stand_in_reports_eight_b200(shared_sandbox: Sandbox) -> None:
     box = shared_sandbox
     host = box.hosts[0]
@@ -144,6 +147,7 @@ def test_nvidia_smi_stand_in_reports_eight_b200(shared_sandbox: Sandbox) -> None
     assert 'Field "bogus" is not a valid field to query.' in bad.stdout
 
 
+@pytest.mark.docker
 def test_strict_client_refuses_a_key_not_pinned(shared_sandbox: Sandbox, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -152,6 +156,7 @@ def test_strict_client_refuses_a_key_not_pinned(shared_sandbox: Sandbox, tmp_pat
     assert "host key" in res.stderr.lower()
 
 
+@pytest.mark.docker
 def test_one_connection_per_ssh_invocation_is_logged(shared_sandbox: Sandbox) -> None:
     box = shared_sandbox
     name = box.hosts[2].name
@@ -200,6 +205,7 @@ def test_sftp_works_relative_to_the_host_home(shared_sandbox: Sandbox, tmp_path:
 
 
 @pytest.mark.sandbox(hosts=2, vllm=("0.17.0",))
+@pytest.mark.docker
 def test_stop_and_start_a_host_keeps_address_and_key(sandbox: Sandbox) -> None:
     name = sandbox.hosts[0].name
     other = sandbox.hosts[1].name
@@ -258,6 +264,7 @@ def test_kill_host_mid_session_ends_the_session(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.sandbox(hosts=1, vllm=("0.18.0",))
+@pytest.mark.docker
 def test_rotated_host_key_is_refused_until_pinned_again(sandbox: Sandbox) -> None:
     name = sandbox.hosts[0].name
     before = sandbox.known_hosts_path.read_text()
@@ -481,7 +488,7 @@ def test_up_cleans_up_when_a_host_cannot_start(
 
     monkeypatch.setattr(local.LocalBackend, "start", flaky_start)
     with pytest.raises(OperationFailed, match="sandbox-02: sshd did not start"):
-        Sandbox.up(tmp_path / "box", hosts=3, versions=["0.17.0"], workers=1)
+        Sandbox.up(tmp_path / "box", hosts=3, versions=["0.17.0"], workers=1, backend="local")
     box = Sandbox(tmp_path / "box")
     assert box.exists()
     assert not any(s.running for s in box.status())

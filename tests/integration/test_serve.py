@@ -32,7 +32,9 @@ def serve(box: Sandbox, *args: str, timeout: float = 300) -> tuple[int, dict[str
     try:
         doc = json.loads(proc.stdout)
     except ValueError:
-        raise AssertionError(f"no JSON (exit {proc.returncode}): {proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"no JSON (exit {proc.returncode}): {proc.stdout}\n{proc.stderr}"
+        ) from None
     return proc.returncode, doc["hosts"], proc.stderr
 
 
@@ -66,7 +68,9 @@ def test_ready_with_the_acceptance_rate(box: Sandbox, host: str) -> None:
     assert r["endpoint"].endswith(f":{r['endpoint'].rsplit(':', 1)[1]}") and r["pid"]
     spec = r["spec_decode"]
     assert 0.55 <= spec["acceptance_rate"] <= 0.85, spec
-    assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["accepted_tokens"] / spec["drafts"])
+    assert spec["mean_acceptance_length"] == pytest.approx(
+        1 + spec["accepted_tokens"] / spec["drafts"]
+    )
     assert len(spec["per_position"]) == 3
     # status: ready, with the pid and the endpoint; a second serve is a no-op
     status = json.loads(box.run_fleet("--json", "status", "--host", host).stdout)
@@ -83,13 +87,22 @@ def test_ready_with_the_acceptance_rate(box: Sandbox, host: str) -> None:
         ({"fault": "oom"}, (), "crashed", "cuda-oom"),
         ({"fault": "nccl"}, (), "crashed", "nccl-error"),
         ({"fault": "port-in-use"}, ("--skip-preflight",), "crashed", "port-in-use"),
-        ({"fault": "stall", "load_seconds": 30}, ("--stall-timeout", "4"), "stalled", "load-stalled"),
+        (
+            {"fault": "stall", "load_seconds": 30},
+            ("--stall-timeout", "4"),
+            "stalled",
+            "load-stalled",
+        ),
         ({"slow_factor": 20.0}, ("--timeout", "8"), "timeout", "load-timeout"),
         ({"fault": "crash-after-ready", "crash_after_s": 0.2}, (), "crashed", "engine-dead"),
     ],
 )
 def test_each_fault_ends_with_its_outcome_and_diagnosis(
-    box: Sandbox, host: str, knobs: dict[str, Any], args: tuple[str, ...], outcome: str,
+    box: Sandbox,
+    host: str,
+    knobs: dict[str, Any],
+    args: tuple[str, ...],
+    outcome: str,
     diagnosis: str,
 ) -> None:
     box.set_sim(host, **knobs)
@@ -131,7 +144,10 @@ def test_preflight_refuses_in_seconds_what_would_crash_after_the_load(box: Sandb
         assert {"eagle3-target-not-allowlisted", "eagle3-unsupported-model"} <= set(found)
         assert found["eagle3-unsupported-model"]["fix"] == f"fleet patch --host {name}"
         assert time.monotonic() - started < 30
-        assert box.on_host(name, "test -e ~/.fleet/run/kimi-eagle3/vllm.log", check=False).exit_code != 0
+        assert (
+            box.on_host(name, "test -e ~/.fleet/run/kimi-eagle3/vllm.log", check=False).exit_code
+            != 0
+        )
         # without preflight: the crash vLLM really gives, at config time, diagnosed
         code, hosts, _ = serve(box, "--host", name, "--skip-preflight")
         r = hosts[name]
@@ -227,7 +243,9 @@ def test_the_follow_survives_five_cuts_without_losing_or_repeating_a_line(
 
     seqs: list[int] = []
     with Session(inventory) as session:
-        follower = LogFollower(session, spec, "~/.fleet/run/kimi-eagle3/vllm.log", pid=pid, tick=0.5)
+        follower = LogFollower(
+            session, spec, "~/.fleet/run/kimi-eagle3/vllm.log", pid=pid, tick=0.5
+        )
         thread = threading.Thread(target=cutter, daemon=True)
         thread.start()
         buf = b""

@@ -11,7 +11,7 @@ import pytest
 
 from fleet.sandbox.core import Sandbox
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.docker]  # also in the docker stage
 
 HOSTILE = "we ird 'q\" ; $(touch PWNED1) `touch PWNED2` | touch PWNED3 & #.py"
 SESSION_RE = re.compile(r"Starting session: ")

@@ -23,6 +23,7 @@ from fleet.transport import Session, fan_out
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.docker
 def test_ping_all(shared_sandbox: Sandbox) -> None:
     proc = shared_sandbox.run_fleet("ping", "--host", "all", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -34,6 +35,7 @@ def test_ping_all(shared_sandbox: Sandbox) -> None:
 
 
 @pytest.mark.sandbox(hosts=2, vllm=("0.17.0",), pinned=False)
+@pytest.mark.docker
 def test_trust_flow(sandbox: Sandbox) -> None:
     first, second = (h.name for h in sandbox.hosts)
     kh = sandbox.known_hosts_path
