@@ -100,8 +100,9 @@ with open(path, "w") as fh:
 
 
 def generate(path: Path, size: int) -> None:
-    subprocess.run([sys.executable, "-", str(path), str(size)], input=GENERATOR.encode(),
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-", str(path), str(size)], input=GENERATOR.encode(), check=True
+    )
 
 
 def _rate(nbytes: int, seconds: float) -> str:
@@ -119,7 +120,9 @@ def bench_local(size: int, keep: bool) -> None:
         t0 = time.perf_counter()
         generate(log, size)
         nbytes = log.stat().st_size
-        print(f"synthetic log: {log} ({nbytes / 2**20:.0f} MiB) in {time.perf_counter() - t0:.1f} s")
+        print(
+            f"synthetic log: {log} ({nbytes / 2**20:.0f} MiB) in {time.perf_counter() - t0:.1f} s"
+        )
         cat = load_catalogue()
         ere = prefilter_regex(cat)
         # warm the page cache for both contenders
@@ -131,8 +134,10 @@ def bench_local(size: int, keep: bool) -> None:
         result = diagnose_file(log, catalogue=cat)
         ours = time.perf_counter() - t0
         ranked = ", ".join(d.id for d in result.diagnoses) or "(clean)"
-        print(f"fleet (python, scan + engine): {ours:7.2f} s {_rate(nbytes, ours)}  "
-              f"-> {ranked}; {result.fed_lines} of {result.lines} lines decoded")
+        print(
+            f"fleet (python, scan + engine): {ours:7.2f} s {_rate(nbytes, ours)}  "
+            f"-> {ranked}; {result.fed_lines} of {result.lines} lines decoded"
+        )
 
         grep = shutil.which("grep")
         if grep is None:
@@ -145,10 +150,14 @@ def bench_local(size: int, keep: bool) -> None:
         out = subprocess.run(cmd, stdout=subprocess.PIPE, env=env, check=False).stdout
         theirs = time.perf_counter() - t0
         grep_lines = out.count(b"\n")
-        print(f"grep -E (same {len(cat.prefilter_literals)} literals):  {theirs:7.2f} s "
-              f"{_rate(nbytes, theirs)}  -> {grep_lines} matching lines")
-        print(f"ratio fleet/grep: {ours / theirs:.2f}x the time of grep -E "
-              f"({theirs / ours:.2f} of grep's throughput)")
+        print(
+            f"grep -E (same {len(cat.prefilter_literals)} literals):  {theirs:7.2f} s "
+            f"{_rate(nbytes, theirs)}  -> {grep_lines} matching lines"
+        )
+        print(
+            f"ratio fleet/grep: {ours / theirs:.2f}x the time of grep -E "
+            f"({theirs / ours:.2f} of grep's throughput)"
+        )
     finally:
         if keep:
             print(f"kept {tmp}")
@@ -168,29 +177,37 @@ def bench_remote(inventory_path: str, host: str, size: int) -> None:
         conn = session.connect(spec)
         t0 = time.perf_counter()
         gen = conn.run(
-            'mkdir -p "$HOME/.fleet/run/bench" && ' + shlex.join([spec.python, "-"])
+            'mkdir -p "$HOME/.fleet/run/bench" && '
+            + shlex.join([spec.python, "-"])
             + f' "$HOME/.fleet/run/bench/vllm.log" {int(size)}',
-            stdin=GENERATOR, timeout=1800,
+            stdin=GENERATOR,
+            timeout=1800,
         )
         if not gen.ok:
             print(f"{host}: generating the log failed: {gen.stderr.strip()}")
             return
-        print(f"{host}: wrote {size / 2**20:.0f} MiB at {remote_path} in "
-              f"{time.perf_counter() - t0:.1f} s")
+        print(
+            f"{host}: wrote {size / 2**20:.0f} MiB at {remote_path} in "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
         try:
             t0 = time.perf_counter()
             res = diagnose_remote(conn, remote_path, timeout=1800)
             took = time.perf_counter() - t0
             ranked = ", ".join(d.id for d in res.diagnoses) or "(clean)"
             print(f"{host}: diagnosed in {took:.2f} s -> {ranked}")
-            print(f"bytes moved: {res.bytes_received} of {res.file_size} "
-                  f"({100 * res.fraction:.4f}% of the log), {res.candidate_lines} candidate lines")
+            print(
+                f"bytes moved: {res.bytes_received} of {res.file_size} "
+                f"({100 * res.fraction:.4f}% of the log), {res.candidate_lines} candidate lines"
+            )
         finally:
             conn.run('rm -f "$HOME/.fleet/run/bench/vllm.log"', timeout=60)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--keep", action="store_true", help="keep the generated local log")
     ap.add_argument("--no-local", action="store_true", help="skip the local throughput run")
@@ -206,8 +223,9 @@ def main() -> None:
     elif args.sandbox:
         from fleet.sandbox.core import Sandbox
 
-        box = Sandbox.up(Path(tempfile.mkdtemp(prefix="fleet-bench-sandbox-")), hosts=1,
-                         versions=["0.17.0"])
+        box = Sandbox.up(
+            Path(tempfile.mkdtemp(prefix="fleet-bench-sandbox-")), hosts=1, versions=["0.17.0"]
+        )
         try:
             bench_remote(str(box.inventory_path), box.hosts[0].name, size)
         finally:

@@ -49,6 +49,8 @@ CODES: dict[str, str] = {
     "patch-write-failed": "writing the patch failed; the originals were restored",
     "host-busy": "another fleet run holds this host's lock",
     "onhost-error": "the on-host script failed or answered something unreadable",
+    "bad-request": "the on-host script was sent a request it does not understand (a bug)",
+    "vllm-changed": "the host's vLLM changed between reading and writing; run again",
     "refused": "the host refused the request",
     "preflight-failed": "preflight found a problem before anything was started",
     "already-running": "a server for this profile already runs on the host",

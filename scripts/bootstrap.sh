@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs what fleet's demo and tests need, idempotently:
-#   - OpenSSH's server (sshd) and client, when missing and we may install them;
-#   - a virtualenv in .venv with fleet and its test extras (editable).
+#   - OpenSSH's server (sshd) and client, when missing and we may install them
+#     (skipped with FLEET_BOOTSTRAP_NO_SSHD=1: the fast lane needs no sshd);
+#   - a virtualenv in .venv with fleet and its test extras (editable), at the versions
+#     pinned in constraints.txt (CI and a fresh machine get the same versions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 have_sshd() { command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ]; }
 
-if ! have_sshd || ! command -v ssh-keygen >/dev/null 2>&1; then
+if [ "${FLEET_BOOTSTRAP_NO_SSHD:-0}" != 1 ] && { ! have_sshd || ! command -v ssh-keygen >/dev/null 2>&1; }; then
   echo "bootstrap: installing OpenSSH (server and client)" >&2
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
@@ -27,12 +29,17 @@ if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv" >&2
   "$PY" -m venv .venv
 fi
-# Reinstall only when pyproject.toml changed since the last install.
+# Reinstall only when pyproject.toml or constraints.txt changed since the last install.
 stamp=.venv/.fleet-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! .venv/bin/python -c "import fleet" 2>/dev/null; then
   echo "bootstrap: installing fleet and its test tools into .venv" >&2
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade -c constraints.txt pip
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
   echo "$want" > "$stamp"
 fi
+
+# --docker: also a Docker engine and the docker-sshd sandbox's base image (idempotent).
+for arg in "$@"; do
+  if [ "$arg" = --docker ]; then exec scripts/docker-engine.sh start; fi
+done

@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "source": ("fleet.cli.cmd_source:source", "Read the installed vLLM source (sed/grep)."),
     "patch": ("fleet.cli.cmd_patch:patch", "Apply, check, diff or revert a vLLM patch set."),
     "logs": ("fleet.cli.cmd_logs:logs", "Show, follow or diagnose vLLM logs."),
+    "serve": ("fleet.cli.cmd_serve:serve", "Serve a profile: preflight, launch, follow, ready."),
+    "status": ("fleet.cli.cmd_serve:status", "State of each profile's server per host."),
+    "stop": ("fleet.cli.cmd_serve:stop", "Stop a profile's server (idempotent)."),
+    "profile": ("fleet.cli.cmd_serve:profile", "Serve profiles: JSON Schema, rendered view."),
     "sandbox": ("fleet.cli.cmd_sandbox:sandbox", "Rehearsal fleet on this machine (real sshd)."),
 }
 

@@ -64,7 +64,7 @@ KEY_STATUS_OF_CODE = {
 @pass_app
 def ping(app: AppContext, hosts: tuple[str, ...]) -> int:
     """Connect to each host: connect time, round-trip latency and host-key status."""
-    from fleet.transport import exit_code, fan_out
+    from fleet.transport import exit_code
 
     selected = app.select(hosts)
     session = app.session()
@@ -75,7 +75,7 @@ def ping(app: AppContext, hosts: tuple[str, ...]) -> int:
         rtt = (time.monotonic() - started) * 1000
         return PingResult(connect_ms=session.connect_ms.get(conn.host.name, 0.0), latency_ms=rtt)
 
-    outcomes = fan_out(session, selected, one, forks=app.forks)
+    outcomes = app.fan_out(selected, one, session)
     if app.json_output:
         doc = hosts_json(
             outcomes,
@@ -116,16 +116,13 @@ def trust(app: AppContext, hosts: tuple[str, ...], accept_new: bool) -> int:
     Without --accept-new nothing is written: unknown keys are listed with their
     fingerprints so they can be checked first.
     """
-    from fleet.transport import exit_code, map_hosts
+    from fleet.transport import exit_code
     from fleet.transport.trust import TrustReport, trust_host
 
     selected = app.select(hosts)
     session = app.session()
-    outcomes = map_hosts(
-        selected,
-        lambda spec: trust_host(session, spec, accept_new=accept_new),
-        forks=app.forks,
-        on_interrupt=session.close,
+    outcomes = app.map_hosts(
+        selected, lambda spec: trust_host(session, spec, accept_new=accept_new), session
     )
     if app.json_output:
         emit_json(hosts_json(outcomes, TrustReport.to_json))

@@ -34,11 +34,11 @@ def inspect(app: AppContext, hosts: tuple[str, ...], details: bool | None) -> in
     model class, the config-time EAGLE-3 allowlist, supervisors, running vLLM servers and
     free disk. One SSH command per host; vLLM is never imported."""
     from fleet.facts import gather_facts
-    from fleet.transport import exit_code, fan_out
+    from fleet.transport import exit_code
 
     selected = app.select(hosts)
     session = app.session()
-    outcomes = fan_out(session, selected, gather_facts, forks=app.forks)
+    outcomes = app.fan_out(selected, gather_facts, session)
     if app.json_output:
         from fleet.cli.render import emit_json
 

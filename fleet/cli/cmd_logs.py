@@ -182,12 +182,12 @@ def _print_lines(app: AppContext, numbered: list[tuple[int, str]]) -> None:
 def _diagnose_hosts(app: AppContext, selected: list[Any], path: str, tail: int | None) -> int:
     from fleet.diagnosis.engine import exit_code as diag_exit
     from fleet.diagnosis.remote import diagnose_remote
-    from fleet.transport import exit_code, fan_out
+    from fleet.transport import exit_code
 
     def run(conn: Runner) -> RemoteDiagnosis:
         return diagnose_remote(conn, path, tail=tail)
 
-    outcomes = fan_out(app.session(), selected, run, forks=app.forks)
+    outcomes = app.fan_out(selected, run)
     if app.json_output:
         from fleet.cli.render import emit_json
 
@@ -241,11 +241,9 @@ def _size(n: int) -> str:
 
 def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> int:
     from fleet.diagnosis.remote import tail_lines
-    from fleet.transport import exit_code, fan_out
+    from fleet.transport import exit_code
 
-    outcomes = fan_out(
-        app.session(), selected, lambda conn: tail_lines(conn, path, lines), forks=app.forks
-    )
+    outcomes = app.fan_out(selected, lambda conn: tail_lines(conn, path, lines))
     if app.json_output:
         from fleet.cli.render import emit_json
         from fleet.transport import hosts_json

@@ -64,7 +64,7 @@ def patch(
     """
     from fleet.patching.manifest import load_patch_set
     from fleet.patching.service import apply_host, revert_host
-    from fleet.transport import exit_code, fan_out
+    from fleet.transport import exit_code
 
     if force and not revert:
         raise UsageError("--force only applies to --revert")
@@ -78,7 +78,7 @@ def patch(
             return revert_host(conn, patch_set, force=force, check=check, with_diff=show_diff)
         return apply_host(conn, patch_set, check=dry, with_diff=show_diff)
 
-    outcomes = fan_out(session, selected, one, forks=app.forks)
+    outcomes = app.fan_out(selected, one, session)
     if app.json_output:
         _emit(outcomes, show_diff)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.markup import escape
 
 from fleet.cli.context import AppContext, pass_app
 from fleet.errors import EXIT_FAILED, EXIT_OK
@@ -172,7 +173,32 @@ def _print_statuses(out: Console, box: Sandbox, statuses: list[HostStatus], titl
             for s in statuses
         ],
     )
+    described = _describe(box)
+    if described:
+        out.print(f"\nbackend:   {escape(described)}")
+    for s in statuses:
+        if s.details:  # docker: container, image and network ids
+            shown = ", ".join(f"{k} {_short_id(v)}" for k, v in s.details.items())
+            out.print(f"{s.name}: {escape(shown)}")
     out.print(f"\ninventory: {box.inventory_path}")
+
+
+def _short_id(value: str) -> str:
+    """A docker id (``sha256:`` + 64 hex digits, or 64 hex digits) as its first 12 digits."""
+    import re
+
+    bare = value.removeprefix("sha256:")
+    return bare[:12] if re.fullmatch(r"[0-9a-f]{64}", bare) else value
+
+
+def _describe(box: Sandbox) -> str | None:
+    """The backend in one line (docker: engine version, base image id), if it answers."""
+    from fleet.errors import FleetError
+
+    try:
+        return box.describe()
+    except FleetError:
+        return None
 
 
 def _json(box: Sandbox, statuses: list[HostStatus]) -> dict[str, Any]:
@@ -183,5 +209,6 @@ def _json(box: Sandbox, statuses: list[HostStatus]) -> dict[str, Any]:
         "inventory": str(box.inventory_path),
         "known_hosts": str(box.known_hosts_path),
         "load_seconds": box.state.load_seconds,
+        "description": _describe(box),
         "hosts": {s.name: s.as_json() for s in statuses},
     }

@@ -24,17 +24,17 @@ def source() -> None:
 
 
 def _finish(app: AppContext, outcomes: list[HostOutcome[Any]]) -> int:
-    """Failed hosts on stderr (a refused path as ``fleet: error: ...``); the exit code."""
+    """Failed hosts on stderr (the output of the others is the source text); the exit
+    code. A path refused on a host is bad input: ``fleet: error: ...`` as every usage
+    error."""
+    from fleet.cli.render import failure_lines
     from fleet.transport import exit_code
 
     if not app.json_output:
         for o in outcomes:
             if o.status == "refused":
                 click.echo(f"fleet: error: {o.host}: {o.error}", err=True)
-            elif not o.ok:
-                click.echo(f"{o.host}: {o.status}: {o.error}", err=True)
-                if o.hint:
-                    click.echo(f"  next: {o.hint}", err=True)
+        failure_lines(app.err_console, [o for o in outcomes if o.status != "refused"])
     return exit_code(outcomes)
 
 
@@ -50,12 +50,11 @@ def show(app: AppContext, hosts: tuple[str, ...], file_spec: str, raw: bool) -> 
     numbers, e.g. ``model_executor/models/deepseek_v2.py:1263-1275``. Hosts whose
     output is identical are shown once."""
     from fleet.source import parse_file_spec, show_file
-    from fleet.transport import fan_out
 
     spec = parse_file_spec(file_spec)
     selected = app.select(hosts)
     session = app.session()
-    outcomes = fan_out(session, selected, lambda conn: show_file(conn, spec), forks=app.forks)
+    outcomes = app.fan_out(selected, lambda conn: show_file(conn, spec), session)
     if app.json_output:
         from fleet.cli.render import emit_json
         from fleet.transport import hosts_json
@@ -147,7 +146,6 @@ def grep(
     """Search the vLLM tree (or PATH in it) for the extended regex REGEX (``grep -rn -E``);
     each line is prefixed by its host."""
     from fleet.source import check_regex, check_relative, grep_tree
-    from fleet.transport import fan_out
 
     check_relative(path, "path")
     check_regex(regex, fixed=fixed_strings)
@@ -166,7 +164,7 @@ def grep(
             limit=limit or None,
         )
 
-    outcomes = fan_out(session, selected, one, forks=app.forks)
+    outcomes = app.fan_out(selected, one, session)
     if app.json_output:
         from fleet.cli.render import emit_json
         from fleet.transport import hosts_json

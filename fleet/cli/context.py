@@ -13,9 +13,10 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from fleet.inventory import HostSpec, Inventory
-    from fleet.transport import Session
+    from fleet.transport import HostOutcome, Session
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 LOG_FORMAT = "fleet: %(levelname)s %(name)s: %(message)s"
 
@@ -75,6 +76,27 @@ class AppContext:
     def select(self, patterns: tuple[str, ...] | list[str]) -> list[HostSpec]:
         """Hosts matching ``--host`` patterns (name, group, glob, ``all``); exit 2 if none."""
         return self.inventory().select(list(patterns))
+
+    def fan_out(
+        self, hosts: list[HostSpec], fn: Callable[[Any], T], session: Session | None = None
+    ) -> list[HostOutcome[T]]:
+        """``fleet.transport.fan_out`` with the run's session and ``--forks``; a run in
+        which every host was refused for bad input is one usage error (exit 2)."""
+        from fleet.transport import fan_out, raise_if_all_bad_input
+
+        outcomes = fan_out(session or self.session(), hosts, fn, forks=self.forks)
+        raise_if_all_bad_input(outcomes)
+        return outcomes
+
+    def map_hosts(
+        self, hosts: list[HostSpec], fn: Callable[[HostSpec], T], session: Session
+    ) -> list[HostOutcome[T]]:
+        """``fleet.transport.map_hosts`` (no login: e.g. fetching host keys) likewise."""
+        from fleet.transport import map_hosts, raise_if_all_bad_input
+
+        outcomes = map_hosts(hosts, fn, forks=self.forks, on_interrupt=session.close)
+        raise_if_all_bad_input(outcomes)
+        return outcomes
 
     def session(self) -> Session:
         """A run-scoped transport session: one SSH connection per host, closed at exit."""

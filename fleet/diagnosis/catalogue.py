@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from fleet.diagnosis.literals import MIN_LITERAL, quality, required_literals
-from fleet.diagnosis.models import Catalogue, ContextSpec, PatternSpec, Rule
+from fleet.diagnosis.literals import MIN_LITERAL, literal_runs, quality, required_literals
+from fleet.diagnosis.models import Catalogue, ContextSpec, FrameSpec, PatternSpec, Rule
 from fleet.errors import FleetError
 
 
@@ -37,6 +37,22 @@ class CompiledPattern:
     severity: str
     role: str
     info: bool
+    confidence: str = "high"
+    runs: tuple[str, ...] = ()  # literal runs (>= RUN_MIN chars) for template matching
+
+
+@dataclass(frozen=True)
+class CompiledFrame:
+    rule: Rule
+    spec: FrameSpec
+    file: re.Pattern[str]
+    function: re.Pattern[str]
+    code: re.Pattern[str] | None
+
+
+# A traceback's frame line and the path/function it names.
+FRAME_LITERAL = 'File "'
+ERROR_LEVEL_LITERALS = ("ERROR", "CRITICAL", "FATAL")
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,8 @@ class CompiledCatalogue:
     prefilter_literals: tuple[str, ...]
     context_literals_bytes: tuple[bytes, ...] = ()  # gates within context-regex literals
     rules: dict[str, Rule] = field(default_factory=dict)
+    frames: tuple[CompiledFrame, ...] = ()
+    fatal_markers: tuple[re.Pattern[str], ...] = ()
 
     def prefilter_ere(self) -> list[str]:
         """One POSIX ERE per literal (for ``grep -E -f -``): the remote prefilter."""
@@ -65,6 +83,48 @@ class CompiledCatalogue:
     def is_info_candidate(self, text: str) -> bool:
         """The gate for vLLM INFO/DEBUG lines (only ``info: true`` patterns apply)."""
         return any(g in text for g in self.info_gates)
+
+
+_ROLE_CONFIDENCE = {"cause": "high", "symptom": "medium", "wrapper": "low"}
+RUN_MIN = 20  # a literal run this long identifies a message (template matching)
+_PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+
+
+_EXC_PREFIX = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Warning)?:\s*")
+
+
+def _message_runs(regex: str) -> tuple[str, ...]:
+    """Literal runs of a pattern that identify a message (an exception-type prefix such
+    as ``AssertionError: `` is not a message)."""
+    out = []
+    for run in literal_runs(regex, RUN_MIN):
+        run = _EXC_PREFIX.sub("", run, count=1)
+        if len(run.strip()) >= RUN_MIN:
+            out.append(run)
+    return tuple(out)
+
+
+def template_patterns(cat: CompiledCatalogue, text: str) -> list[CompiledPattern]:
+    """The patterns that recognise a message *template*: the string literal of a ``raise``
+    (as shown under a traceback frame, or mined from vLLM's source), whose f-string fields
+    ``{...}`` are unknown and which may be cut short.
+
+    A pattern recognises it when its regex matches the text (fields as-is or as ``0``), or
+    one of the pattern's literal runs of >= RUN_MIN characters occurs in the text, or a
+    literal piece of the text of >= 24 characters occurs in one of the runs."""
+    filled = _PLACEHOLDER.sub("0", text)
+    pieces = [p.strip() for p in _PLACEHOLDER.split(text)]
+    pieces = [p for p in pieces if len(p) >= 24]
+    hits: list[CompiledPattern] = []
+    for pat in cat.patterns:
+        if pat.context is not None:
+            continue  # needs log context a template does not have
+        by_regex = pat.regex.search(text) or pat.regex.search(filled)
+        if by_regex or any(
+            run in text or any(piece in run for piece in pieces) for run in pat.runs
+        ):
+            hits.append(pat)
+    return hits
 
 
 _ERE_SPECIAL = set("\\.[]()*+?{}|^$")
@@ -139,10 +199,32 @@ def compile_catalogue(cat: Catalogue) -> CompiledCatalogue:
                     severity=spec.severity or rule.severity,
                     role=spec.role or rule.role,
                     info=spec.info,
+                    confidence=spec.confidence or _ROLE_CONFIDENCE[spec.role or rule.role],
+                    runs=_message_runs(spec.regex),
                 )
             )
     literals.update(_literals_for(cat.exception_line, "exception_line", gates))
     literals.add("Traceback (most recent call last)")
+    if not _covered(FRAME_LITERAL, gates):
+        raise CatalogueError(f"the frame literal {FRAME_LITERAL!r} contains none of the gates")
+    literals.add(FRAME_LITERAL)
+    # error-level lines (the engine's "not clean" fallback) must reach it from a remote grep
+    literals.update(g for g in ERROR_LEVEL_LITERALS if _covered(g, gates))
+    markers = []
+    for i, sig in enumerate(cat.fatal_markers):
+        literals.update(_literals_for(sig.regex, f"fatal marker {i + 1}", gates))
+        markers.append(re.compile(sig.regex))
+    frames = [
+        CompiledFrame(
+            rule=rule,
+            spec=fr,
+            file=re.compile(fr.file),
+            function=re.compile(fr.function),
+            code=re.compile(fr.code) if fr.code else None,
+        )
+        for rule in cat.rules
+        for fr in rule.frames
+    ]
     facts = []
     for fact in cat.facts:
         literals.update(_literals_for(fact.regex, f"fact {fact.name}", gates))
@@ -172,6 +254,8 @@ def compile_catalogue(cat: Catalogue) -> CompiledCatalogue:
             sorted({_gate_in(lit, gates).encode() for lit in context_literals})
         ),
         rules={r.id: r for r in cat.rules},
+        frames=tuple(frames),
+        fatal_markers=tuple(markers),
     )
 
 

@@ -25,7 +25,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
-from fleet.diagnosis.catalogue import CompiledCatalogue, CompiledPattern, load_catalogue
+from fleet.diagnosis.catalogue import (
+    CompiledCatalogue,
+    CompiledPattern,
+    load_catalogue,
+    template_patterns,
+)
 from fleet.diagnosis.models import (
     ROLE_TIER,
     SEVERITY_ORDER,
@@ -55,8 +60,30 @@ FOLD_SAMPLE = 5000
 _FIELD = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 # A traceback frame line; the line after it is source code (``raise ValueError("...`` can
-# quote a message), which is never evidence.
-_FRAME = re.compile(r'File ["\u201c][^"\u201d]*["\u201d], line \d+')
+# quote a message), which is never a message -- but a ``raise``/``assert`` whose exception
+# line is missing (an excerpt cut inside the traceback) still names the cause by its
+# string literal, at medium confidence.
+_FRAME = re.compile(
+    r'File ["\u201c](?P<path>[^"\u201d]*)["\u201d], line (?P<no>\d+)(?:, in (?P<func>\S+))?'
+)
+_RAISE = re.compile(r"\s*(?:raise\s+(?P<exc>[A-Za-z_][\w.]*)?|assert\b)")
+_STRING = re.compile(r"""(?<![\w])[rbuRBUfF]{0,2}(?:"((?:[^"\\]|\\.)*)"?|'((?:[^'\\]|\\.)*)'?)""")
+ERROR_LEVELS = frozenset({"ERROR", "CRITICAL", "FATAL"})
+MAX_TRACES = 200  # truncated tracebacks remembered
+FRAME_DEPTH = 12  # frames of a truncated traceback (deepest first) tried against frame rules
+
+
+def raise_text(code: str) -> str | None:
+    """``ExcType: literal`` of a ``raise``/``assert`` source line (None if no literal)."""
+    m = _RAISE.match(code)
+    if m is None:
+        return None
+    lits = [a or b for a, b in _STRING.findall(code[m.end() :])]
+    lit = "".join(lits).strip()
+    if len(lit) < 8:
+        return None
+    exc = m.group("exc") or ("AssertionError" if code.lstrip().startswith("assert") else "")
+    return f"{exc.rsplit('.', 1)[-1]}: {lit}" if exc else lit
 
 
 # --------------------------------------------------------------------------- templates
@@ -159,9 +186,36 @@ class _Match:
     specificity: int
     context: list[Evidence] = field(default_factory=list)
     open_after: int = 0
+    weak: bool = False  # a frame or raise-line literal, not the message (medium confidence)
+    extra: list[Evidence] = field(default_factory=list)  # more evidence lines (frames)
 
-    def key(self) -> tuple[int, int, int, int]:
-        return (self.tier, SEVERITY_ORDER[self.severity], self.anchor, -self.specificity)
+    def key(self) -> tuple[int, int, int, int, int]:
+        return (
+            self.tier,
+            int(self.weak),
+            SEVERITY_ORDER[self.severity],
+            self.anchor,
+            -self.specificity,
+        )
+
+
+@dataclass
+class _Frame:
+    line: int
+    text: str
+    path: str
+    func: str
+    code: str | None = None
+    code_line: int = 0
+
+
+@dataclass
+class _Trace:
+    """An open traceback of one process: closed by its exception line."""
+
+    start: int
+    header: str | None
+    frames: list[_Frame] = field(default_factory=list)
 
 
 @dataclass
@@ -197,6 +251,11 @@ class Engine:
         self._open: list[_Match] = []
         self._last_frame = -2
         self._exception_texts: set[str] = set()
+        self._traces: dict[str | None, _Trace] = {}
+        self._orphans: list[_Trace] = []  # tracebacks that ended without an exception line
+        self._last_error: tuple[int, str] | None = None  # last error-level line
+        self._last_exc_line: tuple[int, str] | None = None  # last (non-benign) exception
+        self._last_fatal: tuple[int, str] | None = None  # last fatal marker
         self.lines_seen = 0
         self.candidates = 0
         self.findings = 0
@@ -245,17 +304,58 @@ class Engine:
             self._fill_context(lineno, raw)
         cat = self.cat
         after_frame = lineno == self._last_frame + 1
-        if "File " in raw and _FRAME.search(raw):
-            self._last_frame = lineno
+        if "File " in raw:
+            fm = _FRAME.search(raw)
+            if fm is not None:
+                self._last_frame = lineno
+                norm = normalize(raw)
+                entry[2][0] = norm.text
+                if _FRAME.match(norm.text.lstrip()):
+                    self._on_frame(lineno, norm)
+                    return  # a frame line is never a message
+        if after_frame:
+            norm = normalize(raw)
+            entry[2][0] = norm.text
+            if not cat.exception_line.match(norm.text):
+                self._on_source(lineno, norm)
+                return  # the source line of a traceback frame
         gated = cat.is_candidate(raw)
         if not gated and not cat.is_info_candidate(raw):
             return
         norm = normalize(raw)
         entry[2][0] = norm.text
-        if after_frame and not cat.exception_line.match(norm.text):
-            return  # the source line of a traceback frame
         for text in norm.text.split("\n") if "\n" in norm.text else (norm.text,):
             self._match_line(lineno, text, norm, gated)
+
+    # ---------------------------------------------------------------- tracebacks
+    def _trace(self, proc: str | None, lineno: int, header: str | None) -> _Trace:
+        tr = self._traces.get(proc)
+        if tr is None:
+            tr = self._traces[proc] = _Trace(start=lineno, header=header)
+        return tr
+
+    def _orphan(self, proc: str | None) -> None:
+        tr = self._traces.pop(proc, None)
+        if tr is not None and tr.frames and len(self._orphans) < MAX_TRACES:
+            self._orphans.append(tr)
+
+    def _on_frame(self, lineno: int, norm: Normalized) -> None:
+        m = _FRAME.match(norm.text.lstrip())
+        assert m is not None
+        tr = self._trace(norm.proc, lineno, None)
+        if len(tr.frames) >= 400:
+            del tr.frames[:200]
+        path = m.group("path").replace("\\", "/")  # Windows paths
+        tr.frames.append(_Frame(lineno, norm.text.strip(), path, m.group("func") or ""))
+
+    def _on_source(self, lineno: int, norm: Normalized) -> None:
+        tr = self._traces.get(norm.proc)
+        if tr is None or not tr.frames or tr.frames[-1].line != lineno - 1:
+            return
+        code = norm.text.strip()
+        if code:
+            tr.frames[-1].code = code
+            tr.frames[-1].code_line = lineno
 
     def _match_line(self, lineno: int, text: str, norm: Normalized, gated: bool) -> None:
         cat = self.cat
@@ -271,10 +371,27 @@ class Engine:
             if m and m.group(name):
                 self._facts[name] = m.group(name)
         proc = norm.proc
+        if text.startswith("Traceback (most recent call last)"):
+            self._orphan(proc)  # a traceback still open here ended without its exception
+            self._trace(proc, lineno, text.strip())
+            return
+        if _FRAME.match(text.lstrip()):
+            return  # a frame inside a multi-line (JSON) record
         is_exc = (not info) and gated and cat.exception_line.match(text) is not None
         new_exception = False
+        if not info:
+            if norm.level in ERROR_LEVELS:
+                self._last_error = (lineno, text.strip())
+            if not is_exc:
+                for rx in cat.fatal_markers:
+                    if rx.search(text):
+                        self._last_fatal = (lineno, text.strip())
+                        break
         if is_exc:
             anchor = lineno
+            self._last_exc_line = (lineno, text.strip())
+            if self._traces.pop(proc, None) is None and proc is not None:
+                self._traces.pop(None, None)
             self._last_exc[proc] = lineno
             if len(self._exceptions) < MAX_EXCEPTIONS:
                 exc_text = text.strip()
@@ -370,12 +487,101 @@ class Engine:
         return False
 
     # ---------------------------------------------------------------- output
+    def _trace_signal(self, tr: _Trace) -> _Match | None:
+        """What a traceback without its exception line still tells: the string literal of
+        the ``raise``/``assert`` it stopped at, else the deepest frame a frame rule knows."""
+        deepest = tr.frames[-1]
+        if deepest.code is not None:
+            msg = raise_text(deepest.code)
+            if msg is not None:
+                pats = template_patterns(self.cat, msg)
+                if pats:
+                    pat = min(pats, key=lambda p: (ROLE_TIER[p.role], -p.specificity))
+                    return _Match(
+                        pattern=pat,
+                        rule_id=pat.rule.id,
+                        line=deepest.code_line,
+                        text=deepest.code,
+                        anchor=deepest.code_line,
+                        values={},
+                        tier=ROLE_TIER[pat.role],
+                        severity=pat.severity,
+                        specificity=pat.specificity,
+                        weak=True,
+                        extra=[Evidence(line=deepest.line, text=deepest.text)],
+                    )
+        for fr in reversed(tr.frames[-FRAME_DEPTH:]):
+            for cf in self.cat.frames:
+                if not cf.function.fullmatch(fr.func) or not cf.file.search(fr.path):
+                    continue
+                if cf.code is not None and (fr.code is None or not cf.code.search(fr.code)):
+                    continue
+                rule = cf.rule
+                extra = [Evidence(line=fr.code_line, text=fr.code)] if fr.code is not None else []
+                return _Match(
+                    pattern=None,
+                    rule_id=rule.id,
+                    line=fr.line,
+                    text=fr.text,
+                    anchor=fr.line,
+                    values={"frame": f"{fr.path.rsplit('/', 1)[-1]}:{fr.func}"},
+                    tier=ROLE_TIER[rule.role],
+                    severity=rule.severity,
+                    specificity=rule.specificity,
+                    weak=True,
+                    extra=extra,
+                )
+        return None
+
+    def _truncated(self) -> list[_Trace]:
+        return [*self._orphans, *(t for t in self._traces.values() if t.frames)]
+
+    def _fallback(self) -> _Match | None:
+        """Evidence that the log is not clean although no rule explains it."""
+        found: tuple[int, str] | None = None
+        for cand in (self._last_exc_line, self._last_error):
+            if cand is not None:
+                found = cand
+                break
+        if found is None:
+            traces = self._truncated()
+            if traces:
+                fr = max(traces, key=lambda t: t.frames[-1].line).frames[-1]
+                found = (fr.line, fr.text)
+            else:
+                headers = [(t.start, t.header) for t in self._traces.values() if t.header]
+                if headers:
+                    found = max((n, h) for n, h in headers if h)
+                elif self._last_fatal is not None:
+                    found = self._last_fatal
+        if found is None:
+            return None
+        return _Match(
+            pattern=None,
+            rule_id="unrecognized-error",
+            line=found[0],
+            text=found[1],
+            anchor=found[0],
+            values={"exception": found[1]},
+            tier=ROLE_TIER["unrecognized"],
+            severity="error",
+            specificity=0,
+        )
+
     def results(self) -> list[Diagnosis]:
         """The ranked diagnoses so far (safe to call repeatedly, e.g. while following)."""
-        groups: list[tuple[tuple[int, int, int, int], list[_Match]]] = []
+        groups: list[tuple[tuple[int, int, int, int, int], list[_Match]]] = []
         for matches in self._matches.values():
             best = min(matches, key=_Match.key)
             groups.append((best.key(), matches))
+        weak: dict[str, list[_Match]] = {}
+        for tr in self._truncated():
+            sig = self._trace_signal(tr)
+            if sig is not None and sig.rule_id not in self._matches:
+                weak.setdefault(sig.rule_id, []).append(sig)
+        for matches in weak.values():
+            matches.sort(key=lambda m: m.line)
+            groups.append((min(m.key() for m in matches), matches))
         unexplained: dict[str, list[_Match]] = {}
         for exc in self._exceptions.values():
             if exc.covered or exc.text in self._covered_texts:
@@ -406,6 +612,10 @@ class Engine:
                 continue
             explained |= lines
             kept.append(matches)
+        if not any(SEVERITY_ORDER[g[0].severity] <= 1 for g in kept):
+            fb = self._fallback()
+            if fb is not None:
+                kept.append([fb])
         return [self._build(matches) for matches in self._explained_first(kept)]
 
     def _explained_first(self, groups: list[list[_Match]]) -> list[list[_Match]]:
@@ -440,11 +650,13 @@ class Engine:
         summary, fix, values = render(rule, values)
         seen: set[int] = set()
         evidence: list[Evidence] = []
-        for m in [best, *sorted(matches, key=lambda m: m.line)]:
-            if m.line in seen:
+        lines = [(m.line, m.text) for m in [best, *sorted(matches, key=lambda m: m.line)]]
+        lines[1:1] = [(e.line, e.text) for e in best.extra]
+        for n, text in lines:
+            if n in seen:
                 continue
-            seen.add(m.line)
-            evidence.append(Evidence(line=m.line, text=redact_text(m.text)))
+            seen.add(n)
+            evidence.append(Evidence(line=n, text=redact_text(text)))
             if len(evidence) >= self.max_evidence:
                 break
         first = matches[0]
@@ -453,7 +665,13 @@ class Engine:
             if first.pattern is not None
             else []
         )
-        role = "unrecognized" if best.pattern is None else best.pattern.role
+        if best.weak:
+            role = best.pattern.role if best.pattern is not None else rule.role
+            confidence = "medium"
+        elif best.pattern is None:
+            role, confidence = "unrecognized", "low"
+        else:
+            role, confidence = best.pattern.role, best.pattern.confidence
         return Diagnosis(
             id=rule.id,
             severity=best.severity,
@@ -468,6 +686,7 @@ class Engine:
             values=values,
             role=role,
             specificity=best.specificity,
+            confidence=confidence,
         )
 
 

@@ -110,3 +110,40 @@ def required_literals(pattern: str, gates: tuple[str, ...] = ()) -> list[str]:
 def quality(literals: list[str]) -> int:
     """Length of the shortest literal (0 when none): how selective the prefilter is."""
     return _score(literals)
+
+
+def literal_runs(pattern: str, min_len: int = 12) -> list[str]:
+    """Every run of consecutive literal characters (at least ``min_len`` long) that a match
+    of ``pattern`` must contain, in pattern order (groups are entered, branches skipped).
+
+    Used to recognise a message *template* (a ``raise`` line's string literal, with its
+    f-string fields cut out) whose full text the regex cannot match."""
+    try:
+        parsed = _p.parse(pattern, 0)
+    except Exception:  # the catalogue validates regexes elsewhere
+        return []
+    if parsed.state.flags & (_c.SRE_FLAG_IGNORECASE | _c.SRE_FLAG_VERBOSE):
+        return []
+    out: list[str] = []
+
+    def walk(items: Any) -> None:
+        run: list[str] = []
+
+        def close() -> None:
+            if len(run) >= min_len:
+                out.append("".join(run))
+            run.clear()
+
+        for op, av in items:
+            if op is _c.LITERAL:
+                run.append(chr(av))
+                continue
+            close()
+            if op is _c.SUBPATTERN and not av[1] & (_c.SRE_FLAG_IGNORECASE | _c.SRE_FLAG_VERBOSE):
+                walk(av[-1])
+            elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT) and av[0] >= 1:
+                walk(av[2])
+        close()
+
+    walk(parsed)
+    return out

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 Severity = Literal["fatal", "error", "warning"]
 Role = Literal["cause", "symptom", "wrapper"]
+Confidence = Literal["high", "medium", "low"]
 
 SEVERITY_ORDER: dict[str, int] = {"fatal": 0, "error": 1, "warning": 2}
 
@@ -111,6 +112,9 @@ class PatternSpec(BaseModel):
     example: str | None = Field(
         default=None, description="a real message the regex must match (checked at load)"
     )
+    confidence: Confidence | None = Field(
+        default=None, description="override: a generic signature of the cause (medium)"
+    )
 
     @field_validator("regex")
     @classmethod
@@ -123,6 +127,28 @@ class PatternSpec(BaseModel):
         if self.example is not None and not re.search(self.regex, self.example):
             raise ValueError(f"pattern {self.regex!r} does not match its example {self.example!r}")
         return self
+
+
+class FrameSpec(BaseModel):
+    """A traceback frame that points at a cause when the exception line itself is missing.
+
+    ``file`` is searched in the frame's path, ``function`` must equal the frame's function
+    (a regex, full match) and ``code``, when given, is searched in the source line shown
+    under the frame (the call or ``raise`` that failed). Matches have medium confidence."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file: str
+    function: str
+    code: str | None = None
+    source: str = Field(min_length=3)
+
+    @field_validator("file", "function", "code")
+    @classmethod
+    def _valid(cls, value: str | None) -> str | None:
+        if value is not None:
+            _compile(value, "frame")
+        return value
 
 
 class Rule(BaseModel):
@@ -144,6 +170,9 @@ class Rule(BaseModel):
     explains: list[str] = Field(
         default_factory=list,
         description="ids this cause produces as a consequence: it ranks above them wherever",
+    )
+    frames: list[FrameSpec] = Field(
+        default_factory=list, description="frames of a truncated traceback that point here"
     )
 
     @field_validator("id")
@@ -186,6 +215,21 @@ class Benign(BaseModel):
         return value
 
 
+class Signal(BaseModel):
+    """A line that means "not clean" even when no rule explains it (a fatal marker...)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    regex: str
+    source: str
+
+    @field_validator("regex")
+    @classmethod
+    def _valid(cls, value: str) -> str:
+        _compile(value, "signal")
+        return value
+
+
 class Catalogue(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -193,6 +237,7 @@ class Catalogue(BaseModel):
     gates: list[str] = Field(min_length=1)
     info_gates: list[str] = Field(default_factory=list)
     exception_line: str
+    fatal_markers: list[Signal] = Field(default_factory=list)
     benign: list[Benign] = Field(default_factory=list)
     facts: list[Fact] = Field(default_factory=list)
     rules: list[Rule]
@@ -248,6 +293,11 @@ class Diagnosis(BaseModel):
     values: dict[str, str] = Field(default_factory=dict, description="captured values")
     role: str = "cause"
     specificity: int = 0
+    confidence: Confidence = Field(
+        default="high",
+        description="high: the root message itself; medium: a frame, a raise-line literal, "
+        "a symptom or a generic signature; low: a generic wrapper or an unrecognised error",
+    )
 
     @property
     def is_problem(self) -> bool:
@@ -263,6 +313,7 @@ class Diagnosis(BaseModel):
             "evidence": [e.model_dump() for e in self.evidence],
             "remedy": self.remedy,
             "fix": self.fix,
+            "confidence": self.confidence,
             "title": self.title,
             "root_cause": self.root_cause,
             "count": self.count,

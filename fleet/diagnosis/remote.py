@@ -82,7 +82,7 @@ _CHECK = (
     "T=; if command -v timeout >/dev/null 2>&1; then T='timeout {{limit}}'; fi; "
     "size=$(wc -c < \"$f\" | tr -d ' ')"
 )
-_HEADER_ALL = 'offset=0; echo "#fleet size=$size offset=$offset"'
+_HEADER_ALL = Raw('offset=0; echo "#fleet size=$size offset=$offset"')
 _HEADER_TAIL = (
     'total=$(head -c "$size" -- "$f" | wc -l); '
     # a last line still being written (no newline yet) is a line for tail too
@@ -93,7 +93,7 @@ _HEADER_TAIL = (
 )
 
 
-def _header(path: str, tail: int | None) -> str:
+def _header(path: str, tail: int | None) -> shell.Fragment:
     check = shell.script(
         _CHECK,
         path=RemotePath(path),
@@ -102,8 +102,8 @@ def _header(path: str, tail: int | None) -> str:
         limit=TIME_LIMIT,
     )
     if tail is None:
-        return check + "; " + _HEADER_ALL
-    return check + "; " + shell.script(_HEADER_TAIL, tail=int(tail))
+        return shell.sequence(check, _HEADER_ALL)
+    return shell.sequence(check, shell.script(_HEADER_TAIL, tail=int(tail)))
 
 
 # Keep the first H lines (at most HB bytes) and the last T lines (at most TB bytes) of the
@@ -153,7 +153,7 @@ def grep_command(
     """The one remote command that returns the candidate lines of ``path`` (numbered).
 
     Its output is at most ``head_bytes + tail_bytes`` (plus a header), whatever the log."""
-    grep = Raw(shell.script(_GREP_ARGS, window=int(window), ere=prefilter_regex(catalogue)))
+    grep = shell.script(_GREP_ARGS, window=int(window), ere=prefilter_regex(catalogue))
     if tail is not None:
         source = shell.script(_FROM_TAIL, tail=int(tail), grep=grep)
     else:
@@ -165,23 +165,23 @@ def grep_command(
         t=TAIL_LINES,
         hb=int(head_bytes),
         tb=int(tail_bytes),
-        source=Raw(source),
+        source=source,
         max_line=MAX_LINE_BYTES,
         cap=_CAP,
         hard=output_cap(head_bytes, tail_bytes),
     )
-    return shell.sh(_header(path, tail) + "; " + body)
+    return shell.sh(shell.sequence(_header(path, tail), body))
 
 
 def tail_command(path: str, lines: int) -> shell.Command:
     """Plain ``tail`` with the same header (for showing a log without diagnosing)."""
-    return shell.sh(_header(path, lines) + "; " + shell.script(_TAIL, lines=int(lines)))
+    return shell.sh(shell.sequence(_header(path, lines), shell.script(_TAIL, lines=int(lines))))
 
 
 def follow_command(path: str, lines: int) -> shell.Command:
     """The last ``lines`` lines of the snapshot, then ``tail -F`` from the byte after it
     (nothing is shown twice or skipped, and the header's offset numbers every line)."""
-    return shell.sh(_header(path, lines) + "; " + shell.script(_FOLLOW, lines=int(lines)))
+    return shell.sh(shell.sequence(_header(path, lines), shell.script(_FOLLOW, lines=int(lines))))
 
 
 _GREP_LINE = re.compile(r"(\d+)[:-](.*)", re.DOTALL)

@@ -159,7 +159,7 @@ def iter_candidates(
                 break
 
 
-def _tail_offset(path: str | Path, lines: int) -> tuple[int, int]:
+def tail_offset(path: str | Path, lines: int) -> tuple[int, int]:
     """(byte offset, 1-based line number) where the last ``lines`` lines of a file start."""
     size = os.path.getsize(path)
     if size == 0:
@@ -193,9 +193,6 @@ def _tail_offset(path: str | Path, lines: int) -> tuple[int, int]:
     return 0, 1
 
 
-tail_offset = _tail_offset  # the public name (``fleet logs --file --tail``)
-
-
 def diagnose_file(
     path: str | Path,
     *,
@@ -207,7 +204,7 @@ def diagnose_file(
     cat = catalogue or load_catalogue()
     offset, first = (0, 1)
     if tail is not None and tail > 0:
-        offset, first = _tail_offset(path, tail)
+        offset, first = tail_offset(path, tail)
     with open(path, "rb") as fh:
         fh.seek(offset)
         head = fh.read(256 * 1024).split(b"\n")[:FOLD_SAMPLE]

@@ -1,15 +1,25 @@
-"""Pure parsers: raw observations of ``remote_facts.py`` -> :class:`HostFacts`.
+"""Pure parsers: raw observations of the on-host facts script -> :class:`HostFacts`.
 
 Nothing here touches the network or the file system; every function takes text or the
-decoded JSON of the remote script and returns models, so each is unit-tested on recorded
+decoded answer of ``fleet/onhost/facts.py`` and returns models, so each is unit-tested on recorded
 outputs (tests/fixtures/facts/).
+
+What a host sends is data, not a promise: any user on the host can shape it (a process
+started as ``vllm serve M --port ²``, a model file with a 5,000-class inheritance chain).
+Every ``parse_*`` function below takes any JSON-shaped value without raising; a value it
+cannot understand is left out and, where the fact has one, reported in ``errors``
+(:func:`parse_facts` also guards each part, so one odd fact never fails the host).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
-from collections import Counter
-from typing import Any
+import re
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fleet.errors import OperationFailed
 from fleet.facts.models import (
@@ -33,10 +43,63 @@ class FactsError(OperationFailed):
     """Host output that cannot be understood (exit 1 for that host)."""
 
 
+MAX_TEXT = 4096
+"""Longest string kept from a host's fact (names, paths, versions); longer ones are cut."""
+MAX_ERROR = 1000
+
+T = TypeVar("T")
+
+
+def _clean(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` cut at ``limit``, lone surrogates (JSON's ``"\\ud800"``, undecodable
+    bytes escaped by the host) replaced by U+FFFD: the result can always be printed."""
+    text = text[:limit]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+def _str(value: Any, limit: int = MAX_TEXT) -> str | None:
+    """A string fact: strings kept (cleaned, cut at ``limit``), anything else is no value."""
+    return _clean(value, limit) if isinstance(value, str) else None
+
+
+def _int(value: Any) -> int | None:
+    """An integer fact (JSON ints; never bools or floats)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _error_text(value: Any) -> str:
+    """A host-reported error as one short, redacted line."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)[:MAX_ERROR]
+    text = " ".join(_clean(text, MAX_ERROR * 4).split())
+    return redact_text(text[:MAX_ERROR])
+
+
+def _guarded(errors: dict[str, str], name: str, fn: Callable[[], T], default: T) -> T:
+    """``fn()``, or ``default`` with the part's error recorded: a parser bug or an odd
+    value never fails the whole host."""
+    try:
+        return fn()
+    except Exception as exc:
+        errors[name] = f"could not understand the {name} fact ({type(exc).__name__})"
+        return default
+
+
 def parse_facts(doc: dict[str, Any]) -> HostFacts:
-    """The facts script's answer (``{"parts": ...}``) -> HostFacts. A failed part lands in
-    ``errors``."""
-    parts: dict[str, Any] = doc["parts"]
+    """The facts script's answer (``{"parts": ...}``) -> HostFacts. A failed part lands
+    in ``errors``."""
+    parts = _dict(_dict(doc).get("parts"))
     errors: dict[str, str] = {}
 
     def value(name: str) -> Any:
@@ -44,43 +107,52 @@ def parse_facts(doc: dict[str, Any]) -> HostFacts:
         if not isinstance(part, dict):
             return None
         if "error" in part:
-            errors[name] = str(part["error"])
+            errors[name] = _error_text(part["error"])
             return None
         return part.get("value")
 
     facts = HostFacts()
     host = value("host")
     if isinstance(host, dict):
-        facts.hostname = host.get("hostname")
+        facts.hostname = _str(host.get("hostname"))
     py = value("python")
     if isinstance(py, dict):
-        facts.python = py.get("version")
-        facts.python_executable = py.get("executable")
+        facts.python = _str(py.get("version"))
+        facts.python_executable = _str(py.get("executable"))
 
     vllm = value("vllm")
     models = value("models")
     allowlist = value("allowlist")
-    facts.vllm = parse_vllm(vllm, models, allowlist)
-    if isinstance(models, dict):
-        for rel, entry in (models.get("files") or {}).items():
-            if isinstance(entry, dict) and "error" in entry:
-                errors[f"models:{rel}"] = str(entry["error"])
+    facts.vllm = _guarded(errors, "vllm", lambda: parse_vllm(vllm, models, allowlist), VllmFacts())
+    for rel, entry in _dict(_dict(models).get("files")).items():
+        if isinstance(entry, dict) and "error" in entry:
+            errors[f"models:{_error_text(rel)[:200]}"] = _error_text(entry["error"])
 
     gpus = value("gpus")
     if isinstance(gpus, dict):
-        facts.gpus, facts.nvidia_smi, gpu_error = parse_gpu_part(gpus)
+        no_gpus: tuple[list[GpuInfo], str, str | None] = ([], "failed", None)
+        gpu_part = _guarded(errors, "gpus", lambda: parse_gpu_part(gpus), no_gpus)
+        facts.gpus, facts.nvidia_smi, gpu_error = gpu_part
         if gpu_error:
             errors["gpus"] = gpu_error
         facts.driver = driver_of(facts.gpus)
     sup = value("supervisors")
     if isinstance(sup, dict):
-        facts.supervisors = parse_supervisors(sup)
+        facts.supervisors = _guarded(
+            errors, "supervisors", lambda: parse_supervisors(sup), Supervisors()
+        )
     procs = value("processes")
     if isinstance(procs, dict):
-        facts.servers = parse_servers(procs.get("processes") or [])
+        facts.servers = _guarded(
+            errors,
+            "processes",
+            lambda: parse_servers(_list(procs.get("processes")), errors),
+            [],
+        )
     disk = value("disk")
     if isinstance(disk, dict):
-        facts.disk, disk_errors = parse_disk(disk)
+        no_disk: tuple[dict[str, DiskUsage], dict[str, str]] = ({}, {})
+        facts.disk, disk_errors = _guarded(errors, "disk", lambda: parse_disk(disk), no_disk)
         errors.update(disk_errors)
     facts.errors = errors
     return facts
@@ -93,9 +165,9 @@ def parse_vllm(vllm: Any, models: Any, allowlist: Any) -> VllmFacts:
     out = VllmFacts()
     if not isinstance(vllm, dict):
         return out
-    out.path = vllm.get("path")
-    out.version = vllm.get("version")
-    out.version_source = vllm.get("version_source")
+    out.path = _str(vllm.get("path"))
+    out.version = _str(vllm.get("version"))
+    out.version_source = _str(vllm.get("version_source"))
     out.installed = out.path is not None
     if not out.installed:
         return out
@@ -111,22 +183,39 @@ def parse_vllm(vllm: Any, models: Any, allowlist: Any) -> VllmFacts:
     return out
 
 
-def find_eagle3_class(files: dict[str, Any], name: str) -> Eagle3ClassInfo | None:
-    """Look ``name`` up in every parsed file; judge it within the file that defines it
-    (the same judgement the on-host scripts make: :mod:`fleet.onhost.vllm_tree`)."""
-    found = vllm_tree.find_class(files, name)
-    return None if found is None else Eagle3ClassInfo.model_validate(found)
+def find_eagle3_class(files: Any, name: str) -> Eagle3ClassInfo | None:
+    """Look ``name`` up in every parsed file; judge it within the file that defines it."""
+    for rel, entry in sorted(_dict(files).items(), key=lambda item: str(item[0])):
+        classes = entry.get("classes") if isinstance(entry, dict) else None
+        if isinstance(classes, dict) and name in classes:
+            return eagle3_support(classes, name, _clean(str(rel)))
+    return None
 
 
-def eagle3_support(classes: dict[str, Any], name: str, file: str = "") -> Eagle3ClassInfo:
+def _str_list(value: Any) -> list[str]:
+    """A list of names: strings kept, anything else (a string alone, numbers) dropped."""
+    return [_clean(v) for v in _list(value) if isinstance(v, str)]
+
+
+def eagle3_support(classes: Any, name: str, file: str = "") -> Eagle3ClassInfo:
     """Does ``name`` list SupportsEagle3 among its bases, directly or through a base class
-    defined in the same file? (``interfaces.SupportsEagle3`` counts as the interface.)"""
-    return Eagle3ClassInfo.model_validate(vllm_tree.eagle3_support(classes, name, file))
+    defined in the same file? (``interfaces.SupportsEagle3`` counts as the interface.)
+    The judgement is the one the on-host scripts make (:mod:`fleet.onhost.vllm_tree`);
+    host strings are cleaned here."""
+    judged = vllm_tree.eagle3_support(_dict(classes), name, file)
+    for key in ("via", "bases", "methods"):
+        judged[key] = [_clean(v) for v in judged[key]]
+    return Eagle3ClassInfo.model_validate(judged)
 
 
-def parse_allowlist(raw: dict[str, Any]) -> Eagle3Allowlist:
-    """vLLM matches ``any(entry in hf_text_config.model_type for entry in allowlist)``."""
-    judged = vllm_tree.judge_allowlist(raw)
+def parse_allowlist(raw: Any) -> Eagle3Allowlist:
+    """vLLM matches ``any(entry in hf_text_config.model_type for entry in allowlist)``
+    (judged by :func:`fleet.onhost.vllm_tree.judge_allowlist`)."""
+    judged = vllm_tree.judge_allowlist(_dict(raw))
+    for key in ("file", "name"):
+        judged[key] = _str(judged.get(key))
+    if judged.get("entries") is not None:
+        judged["entries"] = [_clean(e) for e in judged["entries"]]
     admits: dict[str, bool] = judged["admits"]
     return Eagle3Allowlist(
         **judged,
@@ -137,47 +226,55 @@ def parse_allowlist(raw: dict[str, Any]) -> Eagle3Allowlist:
 
 # -- GPUs -------------------------------------------------------------------------------
 
+_ASCII_INT = re.compile(r"[+-]?[0-9]{1,18}")
+_ASCII_NUMBER = re.compile(r"[+-]?(?:[0-9]{1,18}(?:\.[0-9]*)?|\.[0-9]+)")
+
 
 def _number(text: str) -> int | None:
+    """A MiB count from nvidia-smi: ASCII digits (``183359``, ``40960 MiB``, ``1.5``);
+    ``[N/A]`` and anything else is no value (never Unicode digits, inf or nan)."""
     value = text.strip()
     if value.lower() in NOT_AVAILABLE:
         return None
     for unit in (" MiB", "MiB"):
         if value.endswith(unit):
             value = value[: -len(unit)].strip()
-    try:
-        return int(float(value))
-    except ValueError:
+    if not _ASCII_NUMBER.fullmatch(value):
         return None
+    number = float(value)
+    return int(number) if math.isfinite(number) else None
 
 
 def _text(text: str) -> str | None:
     value = text.strip()
-    return None if value.lower() in NOT_AVAILABLE else value
+    return None if value.lower() in NOT_AVAILABLE else _clean(value)
 
 
 def parse_nvidia_smi(csv_text: str) -> list[GpuInfo]:
     """``nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version
     --format=csv,noheader,nounits`` -> GPUs. ``[N/A]``/``[Not Supported]`` become None; a
-    name holding commas is kept whole (the fields around it are fixed)."""
+    name holding commas is kept whole (the fields around it are fixed).
+
+    A line that is not a GPU raises :class:`FactsError` (the GPU fact's error); nothing
+    else is raised."""
     gpus: list[GpuInfo] = []
-    for raw_line in csv_text.splitlines():
+    for raw_line in str(csv_text).splitlines():
         line = raw_line.strip()
         if not line:
             continue
         fields = [f.strip() for f in line.split(",")]
         if len(fields) < 5:
-            raise FactsError(f"nvidia-smi line has {len(fields)} fields, expected 5: {line!r}")
-        try:
-            index = int(fields[0])
-        except ValueError:
+            raise FactsError(
+                f"nvidia-smi line has {len(fields)} fields, expected 5: {line[:200]!r}"
+            )
+        if not _ASCII_INT.fullmatch(fields[0]) or int(fields[0]) < 0:
             if fields[0].lower() == "index":  # a header line, if noheader was ignored
                 continue
-            raise FactsError(f"nvidia-smi line does not start with a GPU index: {line!r}") from None
+            raise FactsError(f"nvidia-smi line does not start with a GPU index: {line[:200]!r}")
         gpus.append(
             GpuInfo(
-                index=index,
-                name=", ".join(fields[1:-3]),
+                index=int(fields[0]),
+                name=_clean(", ".join(fields[1:-3])),
                 memory_total_mib=_number(fields[-3]),
                 memory_used_mib=_number(fields[-2]),
                 driver_version=_text(fields[-1]),
@@ -189,21 +286,23 @@ def parse_nvidia_smi(csv_text: str) -> list[GpuInfo]:
 NO_DEVICES = "No devices were found"
 
 
-def parse_gpu_part(raw: dict[str, Any]) -> tuple[list[GpuInfo], str, str | None]:
+def parse_gpu_part(raw: Any) -> tuple[list[GpuInfo], str, str | None]:
     """(gpus, status, error): status "ok", "missing" (no nvidia-smi: no GPUs, no error)
     or "failed" (nvidia-smi ran and failed, e.g. the driver is not loaded)."""
+    raw = _dict(raw)
     if raw.get("missing"):
         return [], "missing", None
     if raw.get("timeout"):
         return [], "failed", "nvidia-smi timed out"
-    stdout = str(raw.get("stdout") or "")
-    stderr = str(raw.get("stderr") or "")
+    stdout = _str(raw.get("stdout"), 1 << 24) or ""
+    stderr = _str(raw.get("stderr"), 1 << 20) or ""
     code = raw.get("exit_code")
     if NO_DEVICES in stdout or NO_DEVICES in stderr:
         return [], "ok", None
-    if code != 0:
+    if code != 0 or isinstance(code, bool):
         last = (stderr.strip().splitlines() or stdout.strip().splitlines() or [""])[0]
-        return [], "failed", f"nvidia-smi exited {code}: {last}".rstrip(": ")
+        shown = code if _int(code) is not None else _error_text(code)[:40]
+        return [], "failed", _error_text(f"nvidia-smi exited {shown}: {last}").rstrip(": ")
     try:
         return parse_nvidia_smi(stdout), "ok", None
     except FactsError as exc:
@@ -230,16 +329,17 @@ def gpu_summary(gpus: list[GpuInfo]) -> str:
 # -- supervisors, servers, disk ---------------------------------------------------------
 
 
-def parse_supervisors(raw: dict[str, Any]) -> Supervisors:
-    tools = raw.get("tools") or {}
-    pid1 = raw.get("pid1")
-    systemd = bool(raw.get("systemd_booted")) and pid1 == "systemd"
+def parse_supervisors(raw: Any) -> Supervisors:
+    raw = _dict(raw)
+    tools = _dict(raw.get("tools"))
+    pid1 = _str(raw.get("pid1"))
+    systemd = raw.get("systemd_booted") is True and pid1 == "systemd"
     sup = Supervisors(
         systemd=systemd,
         pid1=pid1,
-        systemctl=tools.get("systemctl"),
-        supervisord=tools.get("supervisord"),
-        supervisorctl=tools.get("supervisorctl"),
+        systemctl=_str(tools.get("systemctl")),
+        supervisord=_str(tools.get("supervisord")),
+        supervisorctl=_str(tools.get("supervisorctl")),
     )
     if sup.systemd and sup.systemctl:
         sup.available.append("systemd")
@@ -257,76 +357,118 @@ def _option(argv: list[str], name: str) -> str | None:
     return None
 
 
+def _port(text: str | None) -> int | None:
+    """A TCP port from a command line: ASCII digits only (``str.isdigit`` also takes
+    ``²`` and ``٣``, which ``int`` then refuses), 1-65535."""
+    if text is None or not re.fullmatch(r"[0-9]{1,5}", text):
+        return None
+    port = int(text)
+    return port if 1 <= port <= 65535 else None
+
+
 def server_args(argv: list[str]) -> list[str] | None:
     """The arguments after ``vllm serve`` / ``-m vllm.entrypoints...``, or None when the
     command line is not a vLLM server (a shell, ``grep vllm``, a worker...)."""
-    for i, arg in enumerate(argv[:-1]):
-        if os.path.basename(arg) == "vllm" and argv[i + 1] == "serve":
-            return argv[i + 2 :]
-        if arg == "-m" and argv[i + 1].startswith("vllm.entrypoints"):
-            rest = argv[i + 2 :]
+    words = [a for a in _list(argv) if isinstance(a, str)]
+    for i, arg in enumerate(words[:-1]):
+        if os.path.basename(arg) == "vllm" and words[i + 1] == "serve":
+            return words[i + 2 :]
+        if arg == "-m" and words[i + 1].startswith("vllm.entrypoints"):
+            rest = words[i + 2 :]
             return rest[1:] if rest[:1] == ["serve"] else rest
     return None
 
 
-def _descendants(pid: int, processes: list[dict[str, Any]]) -> list[str]:
+def _children_of(processes: list[Any]) -> dict[int, list[dict[str, Any]]]:
     children: dict[int, list[dict[str, Any]]] = {}
     for proc in processes:
-        if isinstance(proc.get("ppid"), int):
+        if isinstance(proc, dict) and _int(proc.get("ppid")) is not None:
             children.setdefault(proc["ppid"], []).append(proc)
+    return children
+
+
+def _descendants(
+    pid: int, processes: list[Any], children: dict[int, list[dict[str, Any]]] | None = None
+) -> list[str]:
+    if children is None:
+        children = _children_of(processes)
     out: list[str] = []
-    todo, seen = [pid], {pid}
+    todo, seen = deque([pid]), {pid}
     while todo:
-        for child in children.get(todo.pop(0), []):
-            if child["pid"] not in seen:
-                seen.add(child["pid"])
-                todo.append(child["pid"])
-                argv = child.get("argv") or [""]
-                out.append(redact_text(str(argv[0]).strip()))
+        for child in children.get(todo.popleft(), []):
+            child_pid = _int(child.get("pid"))
+            if child_pid is None or child_pid in seen:
+                continue
+            seen.add(child_pid)
+            todo.append(child_pid)
+            argv = _list(child.get("argv"))
+            first = argv[0] if argv and isinstance(argv[0], str) else ""
+            out.append(redact_text(_clean(first.strip())))
     return out
 
 
-def parse_servers(processes: list[dict[str, Any]]) -> list[VllmServer]:
+def parse_servers(processes: Any, errors: dict[str, str] | None = None) -> list[VllmServer]:
     """vLLM API servers among the processes (``vllm serve`` or ``-m vllm.entrypoints``);
     their vLLM child processes (engine cores, workers) are listed as descendants.
 
-    Command lines can hold secrets (``--api-key KEY``): the argv kept is redacted."""
+    Command lines can hold secrets (``--api-key KEY``): the argv kept is redacted. A
+    process entry that cannot be understood is skipped (counted in ``errors``)."""
+    entries = _list(processes)
+    children = _children_of(entries)
     servers = []
-    for proc in processes:
-        argv = [str(a) for a in proc.get("argv") or []]
+    odd = 0
+    for proc in entries:
+        if not isinstance(proc, dict):
+            odd += 1
+            continue
+        argv = [_clean(a) for a in _list(proc.get("argv")) if isinstance(a, str)]
         args = server_args(argv)
         if args is None:
             continue
+        pid = _int(proc.get("pid"))
+        if pid is None or not 0 <= pid < 1 << 31:
+            odd += 1
+            continue
         model = args[0] if args and not args[0].startswith("-") else _option(args, "--model")
-        port_text = _option(args, "--port")
-        port = int(port_text) if port_text and port_text.isdigit() else None
+        uid = _int(proc.get("uid"))
         servers.append(
             VllmServer(
-                pid=int(proc["pid"]),
+                pid=pid,
                 argv=redact_argv(argv),
                 model=redact_text(model) if model else model,
-                port=port,
+                port=_port(_option(args, "--port")),
                 host=_option(args, "--host"),
-                uid=proc.get("uid"),
-                descendants=_descendants(int(proc["pid"]), processes),
+                uid=uid if uid is not None and 0 <= uid < 1 << 32 else None,
+                descendants=_descendants(pid, entries, children),
             )
         )
+    if odd and errors is not None:
+        errors["processes"] = f"{odd} process entries could not be understood"
     return servers
 
 
-def parse_disk(raw: dict[str, Any]) -> tuple[dict[str, DiskUsage], dict[str, str]]:
+def _byte_count(value: Any) -> int | None:
+    number = _int(value)
+    if number is None and isinstance(value, float) and math.isfinite(value):
+        number = int(value)
+    return number if number is not None and 0 <= number < 1 << 63 else None
+
+
+def parse_disk(raw: Any) -> tuple[dict[str, DiskUsage], dict[str, str]]:
     disk: dict[str, DiskUsage] = {}
     errors: dict[str, str] = {}
-    for key, entry in raw.items():
+    for key, entry in _dict(raw).items():
         if not isinstance(entry, dict):
             continue
+        name = _clean(str(key), 200)
         if "error" in entry:
-            errors[f"disk:{key}"] = str(entry["error"])
+            errors[f"disk:{name}"] = _error_text(entry["error"])
             continue
-        disk[key] = DiskUsage(
-            path=str(entry["path"]),
-            total_bytes=int(entry["total"]),
-            used_bytes=int(entry["used"]),
-            free_bytes=int(entry["free"]),
-        )
+        path = _str(entry.get("path"))
+        sizes = [_byte_count(entry.get(k)) for k in ("total", "used", "free")]
+        if path is None or any(s is None for s in sizes):
+            errors[f"disk:{name}"] = "unexpected disk usage data from the host"
+            continue
+        total, used, free = (s or 0 for s in sizes)
+        disk[name] = DiskUsage(path=path, total_bytes=total, used_bytes=used, free_bytes=free)
     return disk, errors

@@ -104,12 +104,18 @@ def vllm_version(package_dir: Optional[str]) -> Tuple[Optional[str], Optional[st
     return None, None
 
 
-def locate_vllm() -> Dict[str, Any]:
-    """{"package_dir", "version", "version_source", "python", "python_version"};
-    Refused("vllm-not-found") when this interpreter has no vLLM."""
+def require_vllm() -> str:
+    """The installed vllm package directory; Refused("vllm-not-found") without one."""
     package_dir = find_vllm()
     if package_dir is None:
         raise Refused("vLLM is not installed for " + sys.executable, "vllm-not-found")
+    return package_dir
+
+
+def locate_vllm() -> Dict[str, Any]:
+    """{"package_dir", "version", "version_source", "python", "python_version"};
+    Refused("vllm-not-found") when this interpreter has no vLLM."""
+    package_dir = require_vllm()
     version, source = vllm_version(package_dir)
     if not version:
         raise Refused("cannot tell the vLLM version of " + package_dir, "vllm-version-unknown")

@@ -7,19 +7,15 @@
 # The pure parsers in fleet/facts/parsers.py turn the parts into fleet.facts.HostFacts.
 import os
 import platform
-import shutil
 import socket
-import subprocess
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from fleet.onhost._common import find_vllm, vllm_version
+from fleet.onhost.probes import disk_usage, part_gpus, part_supervisors
 from fleet.onhost.vllm_tree import allowlists, model_classes
 
-NVIDIA_SMI_QUERY = "index,name,memory.total,memory.used,driver_version"
-SUPERVISOR_TOOLS = ("systemctl", "supervisord", "supervisorctl")
 MAX_CMDLINE = 8192
-FLEET_SUPERVISOR_BIN = os.path.join("~", ".fleet", "supervisor", "bin")
 
 
 def _err(exc: BaseException) -> str:
@@ -44,46 +40,6 @@ def part_vllm() -> Dict[str, Any]:
     path = find_vllm()
     version, source = vllm_version(path)
     return {"path": path, "version": version, "version_source": source}
-
-
-def part_gpus() -> Dict[str, Any]:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return {"missing": True}
-    cmd = [exe, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return {"path": exe, "timeout": True}
-    return {
-        "path": exe,
-        "exit_code": proc.returncode,
-        "stdout": proc.stdout.decode("utf-8", "replace"),
-        "stderr": proc.stderr.decode("utf-8", "replace"),
-    }
-
-
-def part_supervisors() -> Dict[str, Any]:
-    out: Dict[str, Any] = {
-        "pid1": None,
-        "systemd_booted": os.path.isdir("/run/systemd/system"),
-    }
-    try:
-        with open("/proc/1/comm") as fh:
-            out["pid1"] = fh.read().strip()
-    except Exception as exc:
-        out["pid1_error"] = _err(exc)
-    tools: Dict[str, Optional[str]] = {}
-    out["tools"] = tools
-    beside = [os.path.dirname(sys.executable), os.path.expanduser(FLEET_SUPERVISOR_BIN)]
-    for tool in SUPERVISOR_TOOLS:
-        found = shutil.which(tool)
-        for directory in beside:
-            candidate = os.path.join(directory, tool)
-            if found is None and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                found = candidate
-        tools[tool] = found
-    return out
 
 
 def part_processes() -> Dict[str, Any]:
@@ -115,21 +71,16 @@ def part_processes() -> Dict[str, Any]:
     return {"processes": procs, "uid": os.getuid()}
 
 
-def _usage(path: str) -> Dict[str, Any]:
-    usage = shutil.disk_usage(path)
-    return {"path": path, "total": usage.total, "used": usage.used, "free": usage.free}
-
-
 def part_disk(vllm_path: Optional[str]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     home = os.path.expanduser("~")
     try:
-        out["home"] = _usage(home)
+        out["home"] = disk_usage(home)
     except Exception as exc:
         out["home"] = {"path": home, "error": _err(exc)}
     if vllm_path:
         try:
-            out["vllm"] = _usage(vllm_path)
+            out["vllm"] = disk_usage(vllm_path)
         except Exception as exc:
             out["vllm"] = {"path": vllm_path, "error": _err(exc)}
     return out

@@ -17,15 +17,14 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from fleet.onhost._common import Refused, Then, inside, locate_vllm
+from fleet.onhost._common import Refused, Then, inside, require_vllm
 
 EXIT_TIME_LIMIT = 124
 CHUNK = 65536
 
 
 def _resolve(request: Dict[str, Any], want_file: bool) -> Dict[str, Any]:
-    where = locate_vllm()
-    root = where["package_dir"]
+    root = require_vllm()
     rel = str(request.get("path") or ".")
     path = root if rel in (".", "") else inside(root, rel)
     real = os.path.realpath(path)

@@ -137,54 +137,62 @@ def _short_name(base: str) -> str:
     return base.rsplit(".", 1)[-1]
 
 
+def _names(value: Any) -> List[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
 def eagle3_support(classes: Dict[str, Any], name: str, file: str = "") -> Dict[str, Any]:
     """How class `name` is judged: does it list SupportsEagle3 among its bases, directly
     or through a base class defined in the same file (``interfaces.SupportsEagle3``
-    counts), and does it (or an in-file base) define set_aux_hidden_state_layers?"""
+    counts), and does it (or an in-file base) define set_aux_hidden_state_layers?
+
+    Both walks are iterative (an inheritance chain of any length, cycles included) and
+    take any JSON-shaped table (the local parsers feed it what a host answered)."""
+    table = classes if isinstance(classes, dict) else {}
+
+    def entry(cls: str) -> Dict[str, Any]:
+        found = table.get(cls)
+        return found if isinstance(found, dict) else {}
 
     def bases_of(cls: str) -> List[str]:
-        return [str(b) for b in classes.get(cls, {}).get("bases") or []]
+        return _names(entry(cls).get("bases"))
 
-    def search(cls: str, path: List[str], seen: set) -> Optional[List[str]]:
+    # depth-first, bases in order: the first chain found
+    chain: Optional[List[str]] = None
+    seen: set = set()
+    stack = [(name, [])]  # type: List[Any]
+    while stack:
+        cls, path = stack.pop()
         if cls in seen:
-            return None
+            continue
         seen.add(cls)
-        path = [*path, cls]
+        path = [*path, cls] if len(path) < 64 else [*path[:63], "...", cls]
         bases = bases_of(cls)
         if any(_short_name(b) == EAGLE3_INTERFACE for b in bases):
-            return path
-        for base in bases:
-            if "." not in base and base in classes:  # only bases defined in this file
-                found = search(base, path, seen)
-                if found:
-                    return found
-        return None
+            chain = path
+            break
+        stack.extend((b, path) for b in reversed(bases) if "." not in b and b in table)
 
-    def in_file_ancestry(cls: str, seen: set) -> List[str]:
-        if cls in seen or cls not in classes:
-            return []
-        seen.add(cls)
-        out = [cls]
-        for base in bases_of(cls):
-            if "." not in base:
-                out += in_file_ancestry(base, seen)
-        return out
-
-    chain = search(name, [], set())
-    ancestry = in_file_ancestry(name, set())
-    forwards = any(AUX_LAYERS_METHOD in (classes[c].get("methods") or []) for c in ancestry)
-    raw = classes[name]
-    try:
-        line = int(raw.get("line") or 0)
-    except (TypeError, ValueError):
-        line = 0
+    ancestry: List[str] = []
+    visited: set = set()
+    todo = [name]
+    while todo:
+        cls = todo.pop()
+        if cls in visited or cls not in table:
+            continue
+        visited.add(cls)
+        ancestry.append(cls)
+        todo.extend(b for b in reversed(bases_of(cls)) if "." not in b)
+    forwards = any(AUX_LAYERS_METHOD in _names(entry(c).get("methods")) for c in ancestry)
+    line = entry(name).get("line")
+    ok_line = isinstance(line, int) and not isinstance(line, bool) and 0 <= line < 1 << 31
     return {
         "file": file,
-        "line": line,
+        "line": line if ok_line else 0,
         "supported": chain is not None,
         "via": chain or [],
         "bases": bases_of(name),
-        "methods": [str(m) for m in raw.get("methods") or []],
+        "methods": _names(entry(name).get("methods")),
         "forwards_aux_hidden_state_layers": forwards,
     }
 
@@ -200,18 +208,26 @@ def find_class(files: Dict[str, Any], name: str) -> Optional[Dict[str, Any]]:
 
 def judge_allowlist(raw: Dict[str, Any]) -> Dict[str, Any]:
     """vLLM's test ``any(entry in hf_text_config.model_type for entry in allowlist)`` for
-    each of ALLOWLIST_MODEL_TYPES; ``present`` false: no allowlist (nothing refused)."""
-    found = [f for f in raw.get("found") or [] if isinstance(f, dict)]
+    each of ALLOWLIST_MODEL_TYPES; ``present`` false: no allowlist (nothing refused).
+    Takes any JSON-shaped value (what a host answered)."""
+    found_raw = raw.get("found") if isinstance(raw, dict) else None
+    found = [f for f in found_raw if isinstance(f, dict)] if isinstance(found_raw, list) else []
     if not found:
         return {"present": False, "admits": {t: True for t in ALLOWLIST_MODEL_TYPES}}
-    chosen = next((f for f in found if f.get("entries") is not None), found[0])
-    entries = chosen.get("entries")
+    chosen = next((f for f in found if isinstance(f.get("entries"), list)), found[0])
+    raw_entries = chosen.get("entries")
+    entries = (
+        [str(e) for e in raw_entries if isinstance(e, (str, int, float))]
+        if isinstance(raw_entries, list)
+        else None
+    )
+    line = chosen.get("line")
     return {
         "present": True,
-        "file": chosen.get("file"),
-        "name": chosen.get("name"),
-        "line": chosen.get("line"),
-        "entries": [str(e) for e in entries] if entries is not None else None,
+        "file": chosen.get("file") if isinstance(chosen.get("file"), str) else None,
+        "name": chosen.get("name") if isinstance(chosen.get("name"), str) else None,
+        "line": line if isinstance(line, int) and not isinstance(line, bool) else None,
+        "entries": entries,
         "admits": {t: admits(entries, t) for t in ALLOWLIST_MODEL_TYPES},
     }
 

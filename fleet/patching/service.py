@@ -97,7 +97,7 @@ class HostReport:
         seen = {f.status for f in self.files}
         return next((s for s in HOST_STATUS_ORDER if s in seen), "not-needed")
 
-    def outcome(self) -> Verdict:
+    def verdict(self) -> Verdict:
         """failed/patch-conflict when nothing could be written, changed when a file was
         written or restored, else ok."""
         if not self.ok:

@@ -7,7 +7,7 @@
     <home>/ml-env/bin/python            the host's ``python`` (a venv)
     <home>/ml-env/lib/pythonX.Y/site-packages/vllm, vllm-<v>.dist-info
                                         the real wheel's Python files and metadata
-    <home>/bin/nvidia-smi               stand-in: 8 x NVIDIA B200 (``fleet.sandbox.nvidia_smi``)
+    <home>/bin/nvidia-smi               stand-in: 8 x NVIDIA B200 (``fleet.onhost.nvidia_smi``)
     <home>/.fleet-sandbox/host.json     {"host", "vllm", "load_seconds", "gpu_name", ...}
     <home>/.fleet-sandbox/gpu-state.json  optional: memory/processes nvidia-smi reports
     <home>/.fleet-sandbox/run/*.pid     processes a host starts for itself (e.g. a simulated
@@ -21,6 +21,5 @@ Every session starts in ``<home>`` with ``HOME=<home>`` (so ``~`` is the host's 
 - ``local``       the local sshd backend (default)
 - ``docker``      the docker-sshd backend (``FLEET_SANDBOX_BACKEND=docker``, tests/docker)
 - ``core``        ``Sandbox``: up / down / status and the knobs tests turn
-- ``nvidia_smi``  the stand-in, installed on every host
 - ``vllm_source`` the vLLM wheel cache
 """

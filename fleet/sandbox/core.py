@@ -25,13 +25,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from fleet.errors import OperationFailed, UsageError
 from fleet.sandbox import model
 from fleet.sandbox.local import LocalBackend, reserved_ports, write_text_atomic
+from fleet.transport.runner import Result
 
 Progress = Callable[[str], None]
 
@@ -58,6 +59,12 @@ class HostBackend(Protocol):
     ) -> list[int]: ...
     def log_text(self, host: model.SandboxHost) -> str: ...
     def remove(self, host: model.SandboxHost) -> None: ...
+    # A stalled peer, a restarted host, and what `down` frees beyond stopping:
+    def pause(self, host: model.SandboxHost) -> None: ...
+    def unpause(self, host: model.SandboxHost) -> None: ...
+    def restart(self, host: model.SandboxHost) -> None: ...
+    def release(self, hosts: Sequence[model.SandboxHost]) -> None: ...
+    def host_details(self, host: model.SandboxHost) -> dict[str, str]: ...
 
 
 def current_user() -> str:
@@ -88,6 +95,7 @@ class HostStatus:
     running: bool
     python: str
     home: str
+    details: dict[str, str] = field(default_factory=dict)  # backend's ids (docker: image...)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +105,7 @@ class HostStatus:
             "running": self.running,
             "python": self.python,
             "home": self.home,
+            **self.details,
         }
 
 
@@ -195,10 +204,18 @@ class Sandbox:
         pinned: bool = True,
         progress: Progress | None = None,
         workers: int = 4,
+        no_supervisor: Sequence[str] = (),
     ) -> Sandbox:
-        """Start ``hosts`` rehearsal hosts, vLLM versions round-robin; write the inventory."""
+        """Start ``hosts`` rehearsal hosts, vLLM versions round-robin; write the inventory.
+
+        ``no_supervisor``: names of hosts built without supervisord (docker backend: the
+        image variant without Debian's supervisor package; local hosts never have one).
+        """
         say = progress or (lambda _msg: None)
         model.validate_hosts(hosts)
+        unknown = sorted(set(no_supervisor) - set(model.host_names(hosts)))
+        if unknown:
+            raise UsageError(f"no_supervisor: no such host(s): {', '.join(unknown)}")
         versions = [model.validate_version(v) for v in versions] or list(model.DEFAULT_VERSIONS)
         if load_seconds < 0:
             raise UsageError(f"--load-seconds {load_seconds}: must not be negative")
@@ -241,6 +258,7 @@ class Sandbox:
                         "load_seconds": load_seconds,
                         "gpu_name": "NVIDIA B200",
                         "gpu_count": 8,
+                        "supervisor": host.name not in no_supervisor,
                     }
                     impl.prepare(host, trees[host.vllm], client_pub, info)
 
@@ -257,6 +275,8 @@ class Sandbox:
                 sandbox._write_inventory()
             except BaseException:
                 sandbox._stop_all(impl, workloads=True)
+                with contextlib.suppress(Exception):  # the first error is the one to see
+                    impl.release(sandbox.state.hosts)
                 raise
         say(f"{hosts} host(s) up; inventory: {sandbox.inventory_path}")
         return sandbox
@@ -274,13 +294,16 @@ class Sandbox:
         self.purge()
 
     def down(self, *, purge: bool = False) -> list[str]:
-        """Stop exactly what ``up`` started; safe to run twice. Returns the hosts stopped."""
+        """Stop exactly what ``up`` started and free what it made (docker: containers and
+        network, removed by recorded id); safe to run twice. Returns the hosts stopped."""
         if not self.exists():
             if purge:
                 self.purge()
             return []
         with _dir_lock(self.dir):
-            stopped = self._stop_all(self.backend(), workloads=True)
+            impl = self.backend()
+            stopped = self._stop_all(impl, workloads=True)
+            impl.release(self.state.hosts)
             if purge:
                 self.purge()
         return stopped
@@ -301,6 +324,8 @@ class Sandbox:
             for host in self.state.hosts:
                 if impl.running(host):
                     raise UsageError(f"{host.name} is still running; run fleet sandbox down first")
+            impl.release(self.state.hosts)
+            for host in self.state.hosts:
                 impl.remove(host)
         for name in (model.INVENTORY_FILE, model.KNOWN_HOSTS_FILE, model.STATE_FILE):
             (self.dir / name).unlink(missing_ok=True)
@@ -312,7 +337,16 @@ class Sandbox:
     def status(self) -> list[HostStatus]:
         impl = self.backend()
         return [
-            HostStatus(h.name, h.vllm, h.address, h.port, impl.running(h), h.python, h.home)
+            HostStatus(
+                h.name,
+                h.vllm,
+                h.address,
+                h.port,
+                impl.running(h),
+                h.python,
+                h.home,
+                impl.host_details(h),
+            )
             for h in self.state.hosts
         ]
 
@@ -368,6 +402,21 @@ class Sandbox:
         if was_running:
             impl.start(host)
         return new_key
+
+    def pause_host(self, name: str) -> None:
+        """Freeze one host: a stalled peer that neither answers nor closes (its port still
+        accepts TCP connections). docker: ``docker pause``, every process of the host;
+        local: SIGSTOP to its sshd and every session below it."""
+        self.backend().pause(self.host(name))
+
+    def unpause_host(self, name: str) -> None:
+        """Let a paused host run on (no-op if it is not paused)."""
+        self.backend().unpause(self.host(name))
+
+    def restart_host(self, name: str) -> None:
+        """Restart one host as a reboot would (docker: ``docker restart``): every process on
+        it ends, it comes back on the same address, port and key."""
+        self.backend().restart(self.host(name))
 
     def running(self, name: str) -> bool:
         return self.backend().running(self.host(name))
@@ -450,7 +499,33 @@ class Sandbox:
     def fleet_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["FLEET_INVENTORY"] = str(self.inventory_path)
+        env.setdefault("COLUMNS", "200")
+        env.setdefault("FLEET_CONNECT_ATTEMPTS", "1")
         return env
+
+    def on_host(
+        self,
+        name: str,
+        command: str | Sequence[str],
+        *,
+        stdin: str | bytes | None = None,
+        timeout: float = 600.0,
+        check: bool = True,
+    ) -> Result:
+        """Run a command on one rehearsal host over SSH, through fleet's own transport.
+
+        ``command`` is an argv list, or a POSIX sh script written by the caller (a test):
+        it is sent as one ``sh -c`` word, whatever the login shell is."""
+        from fleet.inventory import load_inventory
+        from fleet.transport import Session, shell
+
+        inventory = load_inventory(self.inventory_path)
+        cmd = shell.sh(command) if isinstance(command, str) else shell.join(list(command))
+        with Session(inventory) as session:
+            res = session.connect(inventory.hosts[name]).run(cmd, stdin=stdin, timeout=timeout)
+        if check and not res.ok:
+            raise OperationFailed(f"{name}: exit {res.exit_code}: {res.stderr.strip()[-500:]}")
+        return res
 
     def run_fleet(
         self, *args: str, timeout: float = 120.0, input: str | None = None

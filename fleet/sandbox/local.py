@@ -14,22 +14,23 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 import venv
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from fleet.errors import OperationFailed
 from fleet.sandbox import model
-from fleet.sandbox.procs import ProcessRecord, environ_of, stop_tree
+from fleet.sandbox.procs import ProcessRecord, descendants, environ_of, stop_tree
+from fleet.transport import shell
 
 SBIN_DIRS = (
     "/usr/sbin",
@@ -344,6 +345,7 @@ class LocalBackend:
         """
         hdir = self.host_dir(host.name)
         stopped: list[int] = []
+        self.unpause(host)  # a stopped (SIGSTOP) process would hold SIGTERM back
         record = self.record(host)
         if record is not None:
             stopped += stop_tree(record, kill=kill)
@@ -363,6 +365,38 @@ class LocalBackend:
 
     def remove(self, host: model.SandboxHost) -> None:
         shutil.rmtree(self.host_dir(host.name), ignore_errors=True)
+
+    # -- faults and teardown (see HostBackend in fleet.sandbox.core) ------------------------
+    def _tree(self, host: model.SandboxHost) -> list[ProcessRecord]:
+        record = self.record(host)
+        if record is None:
+            return []
+        below = (ProcessRecord.of(p) for p in descendants(record.pid))
+        return [record, *(r for r in below if r is not None)]
+
+    def pause(self, host: model.SandboxHost) -> None:
+        """SIGSTOP the listener sshd and every process below it: a stalled peer."""
+        tree = self._tree(host)
+        if not tree:
+            raise OperationFailed(f"{host.name}: not running; cannot pause it")
+        for record in tree:
+            record.signal(signal.SIGSTOP)
+
+    def unpause(self, host: model.SandboxHost) -> None:
+        for record in reversed(self._tree(host)):
+            record.signal(signal.SIGCONT)
+
+    def restart(self, host: model.SandboxHost) -> None:
+        """Every process of the host ends (workloads too); sshd starts again, same port."""
+        self.stop(host, workloads=True)
+        self.start(host)
+
+    def release(self, hosts: Sequence[model.SandboxHost]) -> None:
+        """Nothing beyond the stopped processes and the files (removed by ``remove``)."""
+
+    def host_details(self, host: model.SandboxHost) -> dict[str, str]:
+        record = self.record(host)
+        return {"pid": str(record.pid)} if record is not None else {}
 
 
 def stop_workloads(home: Path) -> list[int]:
@@ -408,7 +442,7 @@ def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:
 
 def install_nvidia_smi(home: Path, *, python: str) -> Path:
     """``home/bin/nvidia-smi``: a sh launcher running the stand-in with the host's Python."""
-    from fleet.sandbox import nvidia_smi
+    from fleet.onhost import nvidia_smi
 
     script = home / ".fleet-sandbox" / "nvidia_smi.py"
     write_text_atomic(script, Path(nvidia_smi.__file__).read_text(encoding="utf-8"))
@@ -416,7 +450,8 @@ def install_nvidia_smi(home: Path, *, python: str) -> Path:
     write_text_atomic(
         launcher,
         "#!/bin/sh\n# fleet sandbox stand-in for NVIDIA's nvidia-smi (8 x NVIDIA B200)\n"
-        f'exec {shlex.quote(python)} {shlex.quote(str(script))} "$@"\n',
+        + shell.script('exec {{argv}} "$@"', argv=[python, str(script)])
+        + "\n",
         mode=0o755,
     )
     return launcher

@@ -8,7 +8,13 @@ Shell text is built only by :mod:`fleet.transport.shell`.
 
 from fleet.transport.connection import ConnectionLost, ConnectOptions, HostConnection
 from fleet.transport.fanout import fan_out, map_hosts
-from fleet.transport.outcome import HostOutcome, Verdict, exit_code, hosts_json
+from fleet.transport.outcome import (
+    HostOutcome,
+    Verdict,
+    exit_code,
+    hosts_json,
+    raise_if_all_bad_input,
+)
 from fleet.transport.runner import LocalRunner, Result, Runner
 from fleet.transport.session import Session
 
@@ -26,4 +32,5 @@ __all__ = [
     "fan_out",
     "hosts_json",
     "map_hosts",
+    "raise_if_all_bad_input",
 ]

@@ -23,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,8 +32,8 @@ import paramiko
 
 from fleet.errors import ConnectError, HostKeyError, OperationFailed
 from fleet.transport import shell
-from fleet.transport.hostkeys import RejectUnknown, UnknownHostKey, fingerprint
-from fleet.transport.runner import Result, command_text, log_command
+from fleet.transport.hostkeys import UnknownHostKey, fingerprint, strict_client
+from fleet.transport.runner import Result, command_text, log_command, split_lines
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -68,6 +68,12 @@ def _is_transient(exc: BaseException) -> bool:
         text = str(exc)
         return "banner" in text or "reset" in text.lower() or "closed" in text.lower()
     return isinstance(exc, OSError)
+
+
+def _handshake_stalled(exc: BaseException) -> bool:
+    """paramiko's word for a peer that accepted TCP but never finished the SSH handshake
+    within the timeout (a stalled, e.g. paused, host): a timeout, not a protocol error."""
+    return isinstance(exc, paramiko.SSHException) and "no existing session" in str(exc).lower()
 
 
 def _attempts() -> int:
@@ -150,8 +156,15 @@ class HostConnection:
         try:
             if stdin is not None:
                 data = stdin.encode() if isinstance(stdin, str) else stdin
-                chan.sendall(data)
-            chan.shutdown_write()
+                try:
+                    chan.sendall(data)
+                except OSError:
+                    # The command ended before reading all of its input (e.g. exec of a
+                    # missing interpreter): its exit status says what happened.
+                    if not chan.exit_status_ready():
+                        raise
+            if not chan.closed:
+                chan.shutdown_write()
             while True:
                 if deadline is not None:
                     remaining = deadline - time.monotonic()
@@ -206,38 +219,63 @@ class HostConnection:
     def stream(
         self, command: shell.Command | Sequence[str], *, timeout: float | None = None
     ) -> Iterator[str]:
-        """Yield stdout lines as they arrive (for ``--follow``); stderr is discarded.
+        """Yield stdout lines as they arrive (for ``--follow``); see :meth:`stream_bytes`."""
+        return split_lines(self.stream_bytes(command, timeout=timeout))
 
-        ``timeout`` is the longest wait for new output. The command's stdin stays open
-        while the stream is read: closing the generator closes the channel, and a remote
-        command that waits for the end of its stdin (``cat >/dev/null; kill ...``, see
-        fleet.diagnosis.remote) ends with it even when it never writes again.
+    def stream_bytes(
+        self,
+        command: shell.Command | Sequence[str],
+        *,
+        timeout: float | None = None,
+        tick: bool = False,
+    ) -> Generator[bytes, None, None]:
+        """Yield stdout as it arrives, in chunks; stderr is discarded.
+
+        ``timeout`` is the longest wait for new output: then the generator ends, or with
+        ``tick`` yields ``b""`` and goes on waiting (a caller that watches the clock while
+        a remote command is silent). The command's stdin stays open while the stream is
+        read: closing the generator closes the channel, and a remote command that waits
+        for the end of its stdin (``cat >/dev/null; kill ...``, see fleet.diagnosis.remote)
+        ends with it even when it never writes again. A dropped connection raises
+        :class:`ConnectionLost`.
         """
         cmd = command_text(command)
         log.debug("%s: streaming: %s", self.host.name, shell.masked(cmd)[:500])
         chan = self._open_channel(cmd, timeout)
         chan.settimeout(timeout)
-        buf = b""
         try:
             while True:
                 try:
                     data = chan.recv(65536)
                 except TimeoutError:
+                    if tick:
+                        yield b""
+                        continue
                     return
-                if not data:
+                if not data:  # end of the stream: the command ended, or the connection
                     break
-                buf += data
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    yield line.decode("utf-8", errors="replace")
-            if buf:
-                yield buf.decode("utf-8", errors="replace")
+                yield data
+            if chan.recv_exit_status() == -1:
+                raise ConnectionLost(self.host.name, "connection lost while streaming")
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectionLost(
                 self.host.name, f"connection lost while streaming: {exc}"
             ) from None
         finally:
             chan.close()
+
+    def open_tcp(self, port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> Any:
+        """A direct-tcpip channel to ``host:port`` as the host sees it (nothing needs to
+        be reachable from the control machine). Refused (nothing listens, as during a
+        vLLM load): :class:`ConnectionRefusedError`."""
+        try:
+            return self.transport.open_channel(
+                "direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout
+            )
+        except paramiko.ChannelException as exc:
+            raise ConnectionRefusedError(f"{host}:{port} on {self.host.name}: {exc}") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectionLost(self.host.name, f"connection lost: {exc}") from None
 
     def transport_alive(self) -> bool:
         transport = self.fabric.client.get_transport()
@@ -300,20 +338,19 @@ def fabric_connection(
         kwargs["gateway"] = gateway
     conn = Connection(**kwargs)
     known = spec.known_hosts_path()
-    _strict(conn, known)
+    _strict(conn, known, spec.name)
     # A ProxyJump from ~/.ssh/config makes Fabric build the bastion Connection(s) itself,
     # with paramiko's AutoAddPolicy: hold every hop to the same pinned keys.
     hop = conn.gateway
     while isinstance(hop, Connection) and hop is not gateway:
-        _strict(hop, known)
+        _strict(hop, known, spec.name)
         hop = hop.gateway
     return conn
 
 
-def _strict(conn: Connection, known_hosts: Path) -> None:
-    conn.client.set_missing_host_key_policy(RejectUnknown())
-    if known_hosts.exists():
-        conn.client.load_host_keys(str(known_hosts))
+def _strict(conn: Connection, known_hosts: Path, label: str) -> None:
+    # fleet's own known_hosts reader (OpenSSH semantics, bounded, linear), not paramiko's
+    strict_client(conn.client, known_hosts, label)
 
 
 def _owned_gateways(conn: Connection, shared: Connection | None) -> list[Connection]:
@@ -342,10 +379,12 @@ def open_connection(
         conn = fabric_connection(spec, options, shared)
         try:
             conn.open()
-        except BaseException:
+        except BaseException as exc:
             conn.close()
             for hop in _owned_gateways(conn, shared):
                 hop.close()
+            if _handshake_stalled(exc):
+                raise TimeoutError() from None
             raise
         transport = conn.client.get_transport()
         if transport is not None:

@@ -12,7 +12,7 @@ A host's :class:`HostOutcome` has one of five statuses:
 
 plus a stable ``code`` (``fleet.errors.CODES``), the error line and its "next:" hint, and the
 exception itself (logged with ``-vv``). A per-host function returns a value; a value with an
-``outcome()`` method (:class:`Reports`) decides its host's status itself (a patch report
+``verdict()`` method (:class:`Reports`) decides its host's status itself (a patch report
 with a conflict is ``failed``/``patch-conflict``, one that wrote is ``changed``).
 """
 
@@ -50,7 +50,7 @@ class Verdict:
 
 @runtime_checkable
 class Reports(Protocol):
-    def outcome(self) -> Verdict: ...
+    def verdict(self) -> Verdict: ...
 
 
 _EXIT_OF: dict[str, int] = {
@@ -85,7 +85,7 @@ class HostOutcome(Generic[T]):
     def of_value(cls, host: str, value: T) -> HostOutcome[T]:
         """The outcome of a per-host function that returned ``value``."""
         if isinstance(value, Reports):
-            v = value.outcome()
+            v = value.verdict()
             exit_code = v.exit if v.exit is not None else _EXIT_OF[v.status]
             return cls(host, v.status, value, v.error, v.hint, v.code, exit_code)
         return cls(host, "ok", value)
@@ -150,6 +150,19 @@ def hosts_json(
 ) -> dict[str, Any]:
     """``{"hosts": {name: entry}}`` with every entry built by :meth:`HostOutcome.to_json`."""
     return {"hosts": {o.host: o.to_json(body) for o in outcomes}}
+
+
+def raise_if_all_bad_input(outcomes: Sequence[HostOutcome[Any]]) -> None:
+    """When every host was refused for bad input (exit 2: an unusable known_hosts file, a
+    path outside the tree on every host), the run is a usage error: one line, exit 2."""
+    if not outcomes or any(o.exit != EXIT_USAGE for o in outcomes):
+        return
+    first = outcomes[0]
+    others = len(outcomes) - 1
+    if isinstance(first.exc, UsageError) and others == 0:
+        raise first.exc
+    more = f" (and {others} more host{'s' if others > 1 else ''})" if others else ""
+    raise UsageError(f"{first.host}: {first.error}{more}", hint=first.hint, code=first.code)
 
 
 def exit_code(outcomes: Sequence[HostOutcome[Any]], *, problem_found: bool = False) -> int:

@@ -13,9 +13,9 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet.errors import OperationFailed
 from fleet.transport import shell
@@ -76,6 +76,16 @@ class Runner(Protocol):
     def stream(
         self, command: shell.Command | Sequence[str], *, timeout: float | None = None
     ) -> Iterator[str]: ...
+
+    def stream_bytes(
+        self,
+        command: shell.Command | Sequence[str],
+        *,
+        timeout: float | None = None,
+        tick: bool = False,
+    ) -> Generator[bytes, None, None]: ...
+
+    def open_tcp(self, port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> Any: ...
 
 
 def command_text(command: shell.Command | Sequence[str]) -> shell.Command:
@@ -174,14 +184,27 @@ class LocalRunner:
         self, command: shell.Command | Sequence[str], *, timeout: float | None = None
     ) -> Iterator[str]:
         """Yield stdout lines as they arrive; closing the generator ends the command."""
+        return split_lines(self.stream_bytes(command, timeout=timeout))
+
+    def stream_bytes(
+        self,
+        command: shell.Command | Sequence[str],
+        *,
+        timeout: float | None = None,
+        tick: bool = False,
+    ) -> Generator[bytes, None, None]:
+        """Yield stdout as it arrives; ``timeout`` is the longest wait for new output
+        (then the stream ends, or with ``tick`` yields ``b""``). The command's stdin is held
+        open while streaming, as over SSH."""
         import selectors
+        import signal
 
         cmd = command_text(command)
         self.commands_run += 1
         self.commands.append(cmd)
         proc = subprocess.Popen(
             [self.login_shell, "-c", cmd],
-            stdin=subprocess.PIPE,  # held open while streaming, as over SSH
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             cwd=self.cwd,
@@ -191,25 +214,20 @@ class LocalRunner:
         assert proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
-        buf = b""
         try:
             while True:
                 if not sel.select(timeout):
+                    if tick:
+                        yield b""
+                        continue
                     return
                 data = os.read(proc.stdout.fileno(), 65536)
                 if not data:
                     break
-                buf += data
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    yield line.decode("utf-8", errors="replace")
-            if buf:
-                yield buf.decode("utf-8", errors="replace")
+                yield data
         finally:
             sel.close()
             if proc.poll() is None:
-                import signal
-
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
@@ -218,3 +236,33 @@ class LocalRunner:
                 proc.stdin.close()
             proc.wait()
             proc.stdout.close()
+
+    def connect(self, host: HostSpec | None = None) -> LocalRunner:
+        """This runner, as a session's connection to its one host (tests, local use)."""
+        return self
+
+    reconnect = connect
+
+    def open_tcp(self, port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> Any:
+        """A TCP connection to ``host:port`` on this machine."""
+        import socket
+
+        return socket.create_connection((host, port), timeout=timeout)
+
+
+def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
+    """Decoded lines of a byte stream (a last line without a newline included); closing
+    the line iterator closes the stream."""
+    buf = b""
+    try:
+        for data in chunks:
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                yield line.decode("utf-8", errors="replace")
+        if buf:
+            yield buf.decode("utf-8", errors="replace")
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()

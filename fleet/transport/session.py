@@ -72,6 +72,16 @@ class Session:
                 self._conns[key] = conn
             return conn
 
+    def reconnect(self, host: HostSpec) -> HostConnection:
+        """A new connection to ``host`` in place of one that was lost (a long follow)."""
+        key = self._key(host)
+        with self._guard:
+            old = self._conns.pop(key, None)
+            self._failed.pop(key, None)
+        if old is not None:
+            old.close()
+        return self.connect(host)
+
     def gateway_for(self, host: HostSpec, *, _depth: int = 0) -> HostConnection | None:
         """The open bastion connection for ``host`` (None without a ``jump``)."""
         jump = self.jump_spec(host)

@@ -7,7 +7,8 @@ Every remote command is a :class:`Command`, and only this module makes one:
   the command to the user's shell: bash, zsh, fish or csh);
 - :func:`script` fills a constant template's ``{{name}}`` fields, quoting each value by its
   type (text -> one word, :class:`RemotePath` -> a path with the ``~/`` rule, ``int`` ->
-  digits, :class:`Raw` -> a trusted constant fragment, a list -> words);
+  digits, :class:`Raw` -> a trusted constant fragment, a :class:`Fragment` made by
+  :func:`script` -> as it is, a list -> words);
 - :func:`python` runs the host's interpreter on a script sent on stdin.
 
 ``HostConnection.run``/``stream`` accept a :class:`Command` or an argv list, nothing else,
@@ -19,7 +20,7 @@ constant). :func:`masked` is a command as it may be logged (secrets hidden).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from fleet.errors import UsageError
 
@@ -32,6 +33,12 @@ class Command(str):
 
 class Raw(str):
     """A trusted fragment of shell text written in fleet's code (never user input)."""
+
+    __slots__ = ()
+
+
+class Fragment(str):
+    """sh text made by :func:`script`: inserted verbatim when given to another template."""
 
     __slots__ = ()
 
@@ -91,7 +98,7 @@ def join(argv: Sequence[str]) -> Command:
 
 _FIELD = re.compile(r"\{\{([a-z_][a-z0-9_]*)\}\}")
 
-Value = str | int | Raw | RemotePath | Sequence[str]
+Value = str | int | Raw | Fragment | RemotePath | Sequence[str]
 
 
 def _render(value: Value, name: str) -> str:
@@ -99,7 +106,7 @@ def _render(value: Value, name: str) -> str:
         raise TypeError(f"{{{{{name}}}}}: a bool is not a shell value")
     if isinstance(value, int):
         return str(int(value))
-    if isinstance(value, Raw):
+    if isinstance(value, Raw | Fragment):
         return str(value)
     if isinstance(value, RemotePath):
         return path(value)
@@ -108,9 +115,10 @@ def _render(value: Value, name: str) -> str:
     return " ".join(word(str(v)) for v in value)
 
 
-def script(template: str, **values: Value) -> str:
+def script(template: str, **values: Value) -> Fragment:
     """A one-line sh script: ``template`` (a constant of fleet's code) with each
-    ``{{name}}`` replaced by its value, quoted by type (see the module docstring)."""
+    ``{{name}}`` replaced by its value, quoted by type (see the module docstring); the
+    result can itself be a value of another template."""
     used: set[str] = set()
 
     def fill(match: re.Match[str]) -> str:
@@ -126,7 +134,7 @@ def script(template: str, **values: Value) -> str:
         raise KeyError(f"values not used by the shell template: {sorted(unused)}")
     if "\n" in text:
         raise UsageError("a remote sh script must be one line")
-    return text
+    return Fragment(text)
 
 
 def sh(text: str) -> Command:
@@ -142,9 +150,29 @@ def python(interpreter: str) -> Command:
     return sh("exec " + path(interpreter) + " -")
 
 
-def commands(parts: Iterable[str]) -> str:
-    """Join sh fragments made by :func:`script` with ``; ``."""
-    return "; ".join(parts)
+def sequence(*parts: Fragment | Raw) -> Fragment:
+    """sh fragments run one after the other (``a; b; c``)."""
+    return Fragment("; ".join(parts))
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def assignment(name: str, value: str) -> Fragment:
+    """``NAME=value`` for sh (a sourced env file, an ``export``): the name checked, the
+    value one word."""
+    if not _ENV_NAME.match(name):
+        raise UsageError(f"{name!r} is not an environment variable name")
+    return Fragment(f"{name}={word(value)}")
+
+
+def script_file(lines: Sequence[Fragment | Raw]) -> str:
+    """A POSIX sh script file (``#!/bin/sh`` and one command per line), every line made
+    by this module (a template filled by :func:`script`, or a :class:`Raw` constant)."""
+    for line in lines:
+        if not isinstance(line, Fragment | Raw) or "\n" in line:
+            raise TypeError("script_file() takes lines made by fleet.transport.shell")
+    return "#!/bin/sh\n" + "\n".join(lines) + "\n"
 
 
 def masked(command: str) -> str:

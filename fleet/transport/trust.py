@@ -32,7 +32,7 @@ class TrustReport:
     pinned_fingerprint: str | None
     known_hosts: str
 
-    def outcome(self) -> Verdict:
+    def verdict(self) -> Verdict:
         if self.status == "unknown":
             return Verdict(
                 "unreachable",

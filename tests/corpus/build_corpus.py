@@ -31,11 +31,26 @@ OUT = HERE / "logs"
 
 SITE = "/usr/local/lib/python3.12/dist-packages"
 ENGINE_FRAMES = [
-    ("vllm/v1/engine/core.py", 699, "run_engine_core", "engine_core = EngineCoreProc(*args, **kwargs)"),
-    ("vllm/v1/engine/core.py", 498, "__init__", "super().__init__(vllm_config, executor_class, log_stats,"),
+    (
+        "vllm/v1/engine/core.py",
+        699,
+        "run_engine_core",
+        "engine_core = EngineCoreProc(*args, **kwargs)",
+    ),
+    (
+        "vllm/v1/engine/core.py",
+        498,
+        "__init__",
+        "super().__init__(vllm_config, executor_class, log_stats,",
+    ),
 ]
 API_FRAMES = [
-    ("vllm/entrypoints/openai/api_server.py", 1920, "run_server_worker", "async with build_async_engine_client("),
+    (
+        "vllm/entrypoints/openai/api_server.py",
+        1920,
+        "run_server_worker",
+        "async with build_async_engine_client(",
+    ),
     ("vllm/v1/engine/utils.py", 880, "wait_for_engine_startup", "raise RuntimeError("),
 ]
 
@@ -61,192 +76,455 @@ def F(path: str, line: int, func: str, code: str) -> tuple[str, int, str, str]:
 SCENARIOS: list[Scenario] = [
     # ---------------------------------------------------------------- speculative decoding
     Scenario(
-        "eagle3-runner", "eagle3-unsupported-model",
+        "eagle3-runner",
+        "eagle3-unsupported-model",
         "vllm/v1/worker/gpu_model_runner.py load_model (0.10.2-0.33.0)",
-        exc=["RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested"],
-        frames=[F("vllm/v1/worker/gpu_worker.py", 239, "load_model", "self.model_runner.load_model(eep_scale_up=eep_scale_up)"),
-                F("vllm/v1/worker/gpu_model_runner.py", 3630, "load_model", "raise RuntimeError(")],
-        where="worker", shapes=("v1", "plain", "interleaved", "truncated", "noisy"),
-    ),
-    Scenario(
-        "eagle3-attr", "eagle3-unsupported-model",
-        "vllm/v1/worker/gpu_model_runner.py calls SupportsEagle3.set_aux_hidden_state_layers (model without it)",
-        exc=["AttributeError: 'KimiK25ForConditionalGeneration' object has no attribute 'set_aux_hidden_state_layers'"],
-        frames=[F("vllm/v1/worker/gpu_model_runner.py", 4310, "load_model", "self.model.set_aux_hidden_state_layers(")],
-        where="worker", shapes=("v1", "truncated"),
-    ),
-    Scenario(
-        "eagle3-allowlist", "eagle3-target-not-allowlisted",
-        "vllm/config/speculative.py _verify_args eagle3_target_supported (0.11.0-0.16.0)",
-        exc=["pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig",
-             "  Value error, Eagle3 is only supported for ['llama', 'qwen', 'minicpm', 'gpt_oss', 'hunyuan_vl', 'hunyuan_v1_dense', 'afmoe'] models. Got self.target_model_config.hf_text_config.model_type='kimi_k25' [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]",
-             "    For further information visit https://errors.pydantic.dev/2.11/v/value_error"],
-        frames=[F("vllm/engine/arg_utils.py", 1483, "create_speculative_config", "return SpeculativeConfig(**self.speculative_config)"),
-                F("pydantic/_internal/_dataclasses.py", 123, "__init__", "s.__pydantic_validator__.validate_python(ArgsKwargs(args, kwargs), self_instance=s)")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated", "noisy"),
-    ),
-    Scenario(
-        "eagle3-allowlist-aux", "eagle3-target-not-allowlisted",
-        "vllm/config/speculative.py aux_hidden_states_supported (0.17.0-0.20.0)",
-        exc=["pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig",
-             "  Value error, eagle3 is only supported for ['llama', 'qwen', 'minicpm', 'gpt_oss', 'hunyuan_vl', 'hunyuan_v1_dense', 'afmoe', 'mistral3', 'mimo'] models. Got self.target_model_config.hf_text_config.model_type='deepseek_v3' [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]"],
-        frames=[F("vllm/engine/arg_utils.py", 1611, "create_speculative_config", "return SpeculativeConfig(**self.speculative_config)")],
-        where="api", wrapper=False, shapes=("v1", "truncated"),
-    ),
-    Scenario(
-        "spec-num-tokens", "spec-config-invalid",
-        "vllm/config/speculative.py (0.17.0-0.20.0) 'A speculative model was provided, but neither ...'",
-        exc=["pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig",
-             "  Value error, A speculative model was provided, but neither `speculative_token_tree` nor `num_speculative_tokens` was provided [type=value_error, input_value=ArgsKwargs((), {'method': 'eagle3', 'model': '/models/kimi-eagle3'}), input_type=ArgsKwargs]"],
-        frames=[F("vllm/engine/arg_utils.py", 1611, "create_speculative_config", "return SpeculativeConfig(**self.speculative_config)")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
-    ),
-    Scenario(
-        "spec-unknown-key", "spec-config-invalid",
-        "pydantic extra='forbid' on vllm/config/speculative.py SpeculativeConfig (0.11.0+)",
-        exc=["pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig",
-             "num_speculative_token",
-             "  Unexpected keyword argument [type=unexpected_keyword_argument, input_value=3, input_type=int]"],
-        frames=[F("vllm/engine/arg_utils.py", 1611, "create_speculative_config", "return SpeculativeConfig(**self.speculative_config)")],
-        where="api", wrapper=False, shapes=("v1", "truncated"),
-    ),
-    Scenario(
-        "spec-method", "spec-config-invalid",
-        "vllm/config/speculative.py (0.15.0+) 'Unsupported speculative method'",
-        exc=["NotImplementedError: Unsupported speculative method: 'eagle-3'"],
-        frames=[F("vllm/config/speculative.py", 602, "__post_init__", "raise NotImplementedError(")],
-        where="api", wrapper=False, shapes=("v1", "plain"),
-    ),
-    Scenario(
-        "drafter-vocab", "drafter-incompatible",
-        "vllm/config/speculative.py verify_equal_vocab_size_if_draft_model (0.15.0+)",
-        exc=["ValueError: Target and draft model should have the same vocabulary size. Target model vocab_size=163840. Draft model vocab_size=128256. Using models with different tokenizers can cause out-of-bounds errors during speculative decoding."],
-        frames=[F("vllm/config/speculative.py", 720, "verify_equal_vocab_size_if_draft_model", "raise ValueError(")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
-    ),
-    Scenario(
-        "drafter-shape", "drafter-incompatible",
-        "vllm/model_executor/model_loader/weight_utils.py default_weight_loader assert, in llama_eagle3.py load_weights",
-        exc=["AssertionError: Attempted to load weight (torch.Size([7168, 21504])) into parameter (torch.Size([4096, 12288]))"],
-        frames=[F("vllm/v1/spec_decode/eagle.py", 1140, "load_model", "self.model = get_model(vllm_config=self.vllm_config,"),
-                F("vllm/model_executor/models/llama_eagle3.py", 330, "load_weights", "loader.load_weights(model_weights.items())"),
-                F("vllm/model_executor/model_loader/weight_utils.py", 1002, "default_weight_loader", "assert param.size() == loaded_weight.size(), (")],
-        where="worker", shapes=("v1", "interleaved", "truncated"),
-    ),
-    # ---------------------------------------------------------------- memory
-    Scenario(
-        "oom-torch", "cuda-oom",
-        "PyTorch CUDACachingAllocator (torch.OutOfMemoryError) during vllm/v1/worker/gpu_model_runner.py profile_run",
-        exc=["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 3 has a total capacity of 178.35 GiB of which 1.21 GiB is free. Including non-PyTorch memory, this process has 177.12 GiB memory in use. Of the allocated memory 170.02 GiB is allocated by PyTorch, and 5.33 GiB is reserved by PyTorch but unallocated."],
-        frames=[F("vllm/v1/worker/gpu_model_runner.py", 3301, "profile_run", "hidden_states, last_hidden_states = self._dummy_run("),
-                F("torch/nn/modules/module.py", 1773, "_wrapped_call_impl", "return self._call_impl(*args, **kwargs)")],
-        where="worker", shapes=("v1", "plain", "interleaved", "truncated", "noisy"),
-    ),
-    Scenario(
-        "oom-nccl", "cuda-oom",
-        "NCCL WARN Cuda failure 'out of memory' then torch DistBackendError (ProcessGroupNCCL)",
-        exc=["torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.26.2",
-             "ncclUnhandledCudaError: Call to CUDA function failed.",
-             "Last error:",
-             "Cuda failure 2 'out of memory'"],
-        frames=[F("vllm/distributed/parallel_state.py", 1208, "init_distributed_environment", "torch.distributed.all_reduce(data)")],
-        where="worker", shapes=("v1", "truncated"),
-    ),
-    Scenario(
-        "kv-v1", "kv-cache-too-small",
-        "vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory (0.14.0-0.25.0)",
-        exc=["ValueError: To serve at least one request with the models's max seq len (262144), (17.16 GiB KV cache is needed, which is larger than the available KV cache memory (9.73 GiB). Based on the available memory, the estimated maximum model length is 148592. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."],
-        frames=[F("vllm/v1/engine/core.py", 236, "_initialize_kv_caches", "kv_cache_configs = get_kv_cache_configs("),
-                F("vllm/v1/core/kv_cache_utils.py", 714, "check_enough_kv_cache_memory", "raise ValueError(")],
+        exc=[
+            "RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was requested"
+        ],
+        frames=[
+            F(
+                "vllm/v1/worker/gpu_worker.py",
+                239,
+                "load_model",
+                "self.model_runner.load_model(eep_scale_up=eep_scale_up)",
+            ),
+            F("vllm/v1/worker/gpu_model_runner.py", 3630, "load_model", "raise RuntimeError("),
+        ],
+        where="worker",
         shapes=("v1", "plain", "interleaved", "truncated", "noisy"),
     ),
     Scenario(
-        "kv-033", "kv-cache-too-small",
-        "vllm/v1/core/kv_cache_planning.py _check_enough_kv_cache_memory (0.33.0)",
-        exc=["ValueError: To serve at least one request with the model's max seq len (131072), (8.00 GiB KV cache is needed, which is larger than the available KV cache memory (5.21 GiB). Based on the available memory, the estimated maximum model length is 85344. Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine."],
-        frames=[F("vllm/v1/core/kv_cache_planning.py", 80, "_check_enough_kv_cache_memory", "raise ValueError(")],
+        "eagle3-attr",
+        "eagle3-unsupported-model",
+        "vllm/v1/worker/gpu_model_runner.py calls SupportsEagle3.set_aux_hidden_state_layers (model without it)",
+        exc=[
+            "AttributeError: 'KimiK25ForConditionalGeneration' object has no attribute 'set_aux_hidden_state_layers'"
+        ],
+        frames=[
+            F(
+                "vllm/v1/worker/gpu_model_runner.py",
+                4310,
+                "load_model",
+                "self.model.set_aux_hidden_state_layers(",
+            )
+        ],
+        where="worker",
         shapes=("v1", "truncated"),
     ),
     Scenario(
-        "kv-nomem", "kv-cache-no-memory",
+        "eagle3-allowlist",
+        "eagle3-target-not-allowlisted",
+        "vllm/config/speculative.py _verify_args eagle3_target_supported (0.11.0-0.16.0)",
+        exc=[
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig",
+            "  Value error, Eagle3 is only supported for ['llama', 'qwen', 'minicpm', 'gpt_oss', 'hunyuan_vl', 'hunyuan_v1_dense', 'afmoe'] models. Got self.target_model_config.hf_text_config.model_type='kimi_k25' [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]",
+            "    For further information visit https://errors.pydantic.dev/2.11/v/value_error",
+        ],
+        frames=[
+            F(
+                "vllm/engine/arg_utils.py",
+                1483,
+                "create_speculative_config",
+                "return SpeculativeConfig(**self.speculative_config)",
+            ),
+            F(
+                "pydantic/_internal/_dataclasses.py",
+                123,
+                "__init__",
+                "s.__pydantic_validator__.validate_python(ArgsKwargs(args, kwargs), self_instance=s)",
+            ),
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated", "noisy"),
+    ),
+    Scenario(
+        "eagle3-allowlist-aux",
+        "eagle3-target-not-allowlisted",
+        "vllm/config/speculative.py aux_hidden_states_supported (0.17.0-0.20.0)",
+        exc=[
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig",
+            "  Value error, eagle3 is only supported for ['llama', 'qwen', 'minicpm', 'gpt_oss', 'hunyuan_vl', 'hunyuan_v1_dense', 'afmoe', 'mistral3', 'mimo'] models. Got self.target_model_config.hf_text_config.model_type='deepseek_v3' [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]",
+        ],
+        frames=[
+            F(
+                "vllm/engine/arg_utils.py",
+                1611,
+                "create_speculative_config",
+                "return SpeculativeConfig(**self.speculative_config)",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "truncated"),
+    ),
+    Scenario(
+        "spec-num-tokens",
+        "spec-config-invalid",
+        "vllm/config/speculative.py (0.17.0-0.20.0) 'A speculative model was provided, but neither ...'",
+        exc=[
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig",
+            "  Value error, A speculative model was provided, but neither `speculative_token_tree` nor `num_speculative_tokens` was provided [type=value_error, input_value=ArgsKwargs((), {'method': 'eagle3', 'model': '/models/kimi-eagle3'}), input_type=ArgsKwargs]",
+        ],
+        frames=[
+            F(
+                "vllm/engine/arg_utils.py",
+                1611,
+                "create_speculative_config",
+                "return SpeculativeConfig(**self.speculative_config)",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
+    ),
+    Scenario(
+        "spec-unknown-key",
+        "spec-config-invalid",
+        "pydantic extra='forbid' on vllm/config/speculative.py SpeculativeConfig (0.11.0+)",
+        exc=[
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig",
+            "num_speculative_token",
+            "  Unexpected keyword argument [type=unexpected_keyword_argument, input_value=3, input_type=int]",
+        ],
+        frames=[
+            F(
+                "vllm/engine/arg_utils.py",
+                1611,
+                "create_speculative_config",
+                "return SpeculativeConfig(**self.speculative_config)",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "truncated"),
+    ),
+    Scenario(
+        "spec-method",
+        "spec-config-invalid",
+        "vllm/config/speculative.py (0.15.0+) 'Unsupported speculative method'",
+        exc=["NotImplementedError: Unsupported speculative method: 'eagle-3'"],
+        frames=[
+            F("vllm/config/speculative.py", 602, "__post_init__", "raise NotImplementedError(")
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain"),
+    ),
+    Scenario(
+        "drafter-vocab",
+        "drafter-incompatible",
+        "vllm/config/speculative.py verify_equal_vocab_size_if_draft_model (0.15.0+)",
+        exc=[
+            "ValueError: Target and draft model should have the same vocabulary size. Target model vocab_size=163840. Draft model vocab_size=128256. Using models with different tokenizers can cause out-of-bounds errors during speculative decoding."
+        ],
+        frames=[
+            F(
+                "vllm/config/speculative.py",
+                720,
+                "verify_equal_vocab_size_if_draft_model",
+                "raise ValueError(",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
+    ),
+    Scenario(
+        "drafter-shape",
+        "drafter-incompatible",
+        "vllm/model_executor/model_loader/weight_utils.py default_weight_loader assert, in llama_eagle3.py load_weights",
+        exc=[
+            "AssertionError: Attempted to load weight (torch.Size([7168, 21504])) into parameter (torch.Size([4096, 12288]))"
+        ],
+        frames=[
+            F(
+                "vllm/v1/spec_decode/eagle.py",
+                1140,
+                "load_model",
+                "self.model = get_model(vllm_config=self.vllm_config,",
+            ),
+            F(
+                "vllm/model_executor/models/llama_eagle3.py",
+                330,
+                "load_weights",
+                "loader.load_weights(model_weights.items())",
+            ),
+            F(
+                "vllm/model_executor/model_loader/weight_utils.py",
+                1002,
+                "default_weight_loader",
+                "assert param.size() == loaded_weight.size(), (",
+            ),
+        ],
+        where="worker",
+        shapes=("v1", "interleaved", "truncated"),
+    ),
+    # ---------------------------------------------------------------- memory
+    Scenario(
+        "oom-torch",
+        "cuda-oom",
+        "PyTorch CUDACachingAllocator (torch.OutOfMemoryError) during vllm/v1/worker/gpu_model_runner.py profile_run",
+        exc=[
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 3 has a total capacity of 178.35 GiB of which 1.21 GiB is free. Including non-PyTorch memory, this process has 177.12 GiB memory in use. Of the allocated memory 170.02 GiB is allocated by PyTorch, and 5.33 GiB is reserved by PyTorch but unallocated."
+        ],
+        frames=[
+            F(
+                "vllm/v1/worker/gpu_model_runner.py",
+                3301,
+                "profile_run",
+                "hidden_states, last_hidden_states = self._dummy_run(",
+            ),
+            F(
+                "torch/nn/modules/module.py",
+                1773,
+                "_wrapped_call_impl",
+                "return self._call_impl(*args, **kwargs)",
+            ),
+        ],
+        where="worker",
+        shapes=("v1", "plain", "interleaved", "truncated", "noisy"),
+    ),
+    Scenario(
+        "oom-nccl",
+        "cuda-oom",
+        "NCCL WARN Cuda failure 'out of memory' then torch DistBackendError (ProcessGroupNCCL)",
+        exc=[
+            "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.26.2",
+            "ncclUnhandledCudaError: Call to CUDA function failed.",
+            "Last error:",
+            "Cuda failure 2 'out of memory'",
+        ],
+        frames=[
+            F(
+                "vllm/distributed/parallel_state.py",
+                1208,
+                "init_distributed_environment",
+                "torch.distributed.all_reduce(data)",
+            )
+        ],
+        where="worker",
+        shapes=("v1", "truncated"),
+    ),
+    Scenario(
+        "kv-v1",
+        "kv-cache-too-small",
+        "vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory (0.14.0-0.25.0)",
+        exc=[
+            "ValueError: To serve at least one request with the models's max seq len (262144), (17.16 GiB KV cache is needed, which is larger than the available KV cache memory (9.73 GiB). Based on the available memory, the estimated maximum model length is 148592. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+        ],
+        frames=[
+            F(
+                "vllm/v1/engine/core.py",
+                236,
+                "_initialize_kv_caches",
+                "kv_cache_configs = get_kv_cache_configs(",
+            ),
+            F(
+                "vllm/v1/core/kv_cache_utils.py",
+                714,
+                "check_enough_kv_cache_memory",
+                "raise ValueError(",
+            ),
+        ],
+        shapes=("v1", "plain", "interleaved", "truncated", "noisy"),
+    ),
+    Scenario(
+        "kv-033",
+        "kv-cache-too-small",
+        "vllm/v1/core/kv_cache_planning.py _check_enough_kv_cache_memory (0.33.0)",
+        exc=[
+            "ValueError: To serve at least one request with the model's max seq len (131072), (8.00 GiB KV cache is needed, which is larger than the available KV cache memory (5.21 GiB). Based on the available memory, the estimated maximum model length is 85344. Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine."
+        ],
+        frames=[
+            F(
+                "vllm/v1/core/kv_cache_planning.py",
+                80,
+                "_check_enough_kv_cache_memory",
+                "raise ValueError(",
+            )
+        ],
+        shapes=("v1", "truncated"),
+    ),
+    Scenario(
+        "kv-nomem",
+        "kv-cache-no-memory",
         "vllm/v1/core/kv_cache_utils.py (0.10.2-0.25.0), kv_cache_planning.py (0.33.0)",
-        exc=["ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."],
-        frames=[F("vllm/v1/core/kv_cache_utils.py", 688, "check_enough_kv_cache_memory", "raise ValueError(")],
+        exc=[
+            "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+        ],
+        frames=[
+            F(
+                "vllm/v1/core/kv_cache_utils.py",
+                688,
+                "check_enough_kv_cache_memory",
+                "raise ValueError(",
+            )
+        ],
         shapes=("v1", "plain", "interleaved", "truncated"),
     ),
     Scenario(
-        "gpu-util", "gpu-memory-utilization-too-high",
+        "gpu-util",
+        "gpu-memory-utilization-too-high",
         "vllm/v1/worker/utils.py request_memory (0.14.0-0.33.0)",
-        exc=["ValueError: Free memory on device cuda:0 (60.12/178.35 GiB) on startup is less than desired GPU memory utilization (0.9, 160.52 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."],
-        frames=[F("vllm/v1/worker/gpu_worker.py", 236, "init_device", "self.requested_memory = request_memory(init_snapshot, self.cache_config)"),
-                F("vllm/v1/worker/utils.py", 231, "request_memory", "raise ValueError(")],
-        where="worker", shapes=("v1", "plain", "interleaved", "truncated", "noisy"),
+        exc=[
+            "ValueError: Free memory on device cuda:0 (60.12/178.35 GiB) on startup is less than desired GPU memory utilization (0.9, 160.52 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+        ],
+        frames=[
+            F(
+                "vllm/v1/worker/gpu_worker.py",
+                236,
+                "init_device",
+                "self.requested_memory = request_memory(init_snapshot, self.cache_config)",
+            ),
+            F("vllm/v1/worker/utils.py", 231, "request_memory", "raise ValueError("),
+        ],
+        where="worker",
+        shapes=("v1", "plain", "interleaved", "truncated", "noisy"),
     ),
     Scenario(
-        "mem-profiling", "memory-profiling-failed",
+        "mem-profiling",
+        "memory-profiling-failed",
         "vllm/v1/worker/gpu_worker.py determine_available_memory assert (0.10.2-0.33.0)",
-        exc=["AssertionError: Error in memory profiling. Initial free memory 170.2 GiB, current free memory 172.9 GiB. This happens when other processes sharing the same container release GPU memory while vLLM is profiling during initialization. To fix this, ensure consistent GPU memory allocation or isolate vLLM in its own container."],
-        frames=[F("vllm/v1/worker/gpu_worker.py", 399, "determine_available_memory", "assert self.init_snapshot.free_memory >= free_gpu_memory, (")],
-        where="worker", shapes=("v1", "plain", "truncated"),
+        exc=[
+            "AssertionError: Error in memory profiling. Initial free memory 170.2 GiB, current free memory 172.9 GiB. This happens when other processes sharing the same container release GPU memory while vLLM is profiling during initialization. To fix this, ensure consistent GPU memory allocation or isolate vLLM in its own container."
+        ],
+        frames=[
+            F(
+                "vllm/v1/worker/gpu_worker.py",
+                399,
+                "determine_available_memory",
+                "assert self.init_snapshot.free_memory >= free_gpu_memory, (",
+            )
+        ],
+        where="worker",
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "max-len", "max-model-len-too-large",
+        "max-len",
+        "max-model-len-too-large",
         "vllm/config/model.py _get_and_verify_max_len (0.11.0-0.33.0)",
-        exc=["pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
-             "  Value error, User-specified max_model_len (524288) is greater than the derived max_model_len (max_position_embeddings=262144 or model_max_length=None in model's config.json). To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]"],
+        exc=[
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+            "  Value error, User-specified max_model_len (524288) is greater than the derived max_model_len (max_position_embeddings=262144 or model_max_length=None in model's config.json). To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]",
+        ],
         frames=[F("vllm/engine/arg_utils.py", 1288, "create_model_config", "return ModelConfig(")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
     ),
     # ---------------------------------------------------------------- parallelism
     Scenario(
-        "tp-heads", "tp-size-invalid",
+        "tp-heads",
+        "tp-size-invalid",
         "vllm/config/model.py verify_with_parallel_config (0.10.2-0.33.0)",
-        exc=["ValueError: Total number of attention heads (64) must be divisible by tensor parallel size (6)."],
-        frames=[F("vllm/config/model.py", 1560, "verify_with_parallel_config", "raise ValueError(")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
+        exc=[
+            "ValueError: Total number of attention heads (64) must be divisible by tensor parallel size (6)."
+        ],
+        frames=[
+            F("vllm/config/model.py", 1560, "verify_with_parallel_config", "raise ValueError(")
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "tp-ray", "tp-size-invalid",
+        "tp-ray",
+        "tp-size-invalid",
         "vllm/v1/executor/ray_utils.py initialize_ray_cluster (0.10.2-0.33.0)",
-        exc=["ValueError: The number of required GPUs exceeds the total number of available GPUs in the placement group. Required number of devices: 16. Total number of devices: 8."],
-        frames=[F("vllm/v1/executor/ray_utils.py", 351, "initialize_ray_cluster", "raise ValueError(")],
+        exc=[
+            "ValueError: The number of required GPUs exceeds the total number of available GPUs in the placement group. Required number of devices: 16. Total number of devices: 8."
+        ],
+        frames=[
+            F("vllm/v1/executor/ray_utils.py", 351, "initialize_ray_cluster", "raise ValueError(")
+        ],
         shapes=("v1", "truncated"),
     ),
     Scenario(
-        "pp-missing", "pp-layer-mapping-error",
+        "pp-missing",
+        "pp-layer-mapping-error",
         "vllm/model_executor/models/utils.py PPMissingLayer (0.10.2-0.33.0)",
         exc=["AttributeError: 'PPMissingLayer' object has no attribute 'weight'"],
-        frames=[F("vllm/model_executor/models/deepseek_v2.py", 1402, "load_weights", "param = params_dict[name]")],
-        where="worker", shapes=("v1", "interleaved", "truncated"),
+        frames=[
+            F(
+                "vllm/model_executor/models/deepseek_v2.py",
+                1402,
+                "load_weights",
+                "param = params_dict[name]",
+            )
+        ],
+        where="worker",
+        shapes=("v1", "interleaved", "truncated"),
     ),
     Scenario(
-        "pp-not-supported", "pp-layer-mapping-error",
+        "pp-not-supported",
+        "pp-layer-mapping-error",
         "vllm/config/model.py verify_with_parallel_config (0.10.2-0.33.0)",
-        exc=["NotImplementedError: Pipeline parallelism is not supported for this model. Supported models implement the `SupportsPP` interface."],
-        frames=[F("vllm/config/model.py", 1573, "verify_with_parallel_config", "raise NotImplementedError(")],
-        where="api", wrapper=False, shapes=("v1", "plain"),
+        exc=[
+            "NotImplementedError: Pipeline parallelism is not supported for this model. Supported models implement the `SupportsPP` interface."
+        ],
+        frames=[
+            F(
+                "vllm/config/model.py",
+                1573,
+                "verify_with_parallel_config",
+                "raise NotImplementedError(",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain"),
     ),
     Scenario(
-        "nccl-system", "nccl-error",
+        "nccl-system",
+        "nccl-error",
         "PyTorch ProcessGroupNCCL DistBackendError (NCCL ncclSystemError)",
-        exc=["torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.26.2",
-             "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.",
-             "Last error:",
-             "socketStartConnect: Connect to 10.0.0.12<43215> failed : Software caused connection abort"],
-        frames=[F("vllm/distributed/device_communicators/pynccl.py", 99, "__init__", "self.comm: ncclComm_t = self.nccl.ncclCommInitRank("),
-                F("vllm/distributed/device_communicators/pynccl_wrapper.py", 403, "NCCL_CHECK", "raise RuntimeError(f\"NCCL error: {error_str}\")")],
-        where="worker", shapes=("v1", "plain", "interleaved", "truncated"),
+        exc=[
+            "torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.26.2",
+            "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.",
+            "Last error:",
+            "socketStartConnect: Connect to 10.0.0.12<43215> failed : Software caused connection abort",
+        ],
+        frames=[
+            F(
+                "vllm/distributed/device_communicators/pynccl.py",
+                99,
+                "__init__",
+                "self.comm: ncclComm_t = self.nccl.ncclCommInitRank(",
+            ),
+            F(
+                "vllm/distributed/device_communicators/pynccl_wrapper.py",
+                403,
+                "NCCL_CHECK",
+                'raise RuntimeError(f"NCCL error: {error_str}")',
+            ),
+        ],
+        where="worker",
+        shapes=("v1", "plain", "interleaved", "truncated"),
     ),
     Scenario(
-        "nccl-pynccl", "nccl-error",
+        "nccl-pynccl",
+        "nccl-error",
         "vllm/distributed/device_communicators/pynccl_wrapper.py NCCL_CHECK (0.10.2-0.33.0)",
         exc=["RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)"],
-        frames=[F("vllm/distributed/device_communicators/pynccl_wrapper.py", 403, "NCCL_CHECK", "raise RuntimeError(f\"NCCL error: {error_str}\")")],
-        where="worker", shapes=("v1", "truncated"),
+        frames=[
+            F(
+                "vllm/distributed/device_communicators/pynccl_wrapper.py",
+                403,
+                "NCCL_CHECK",
+                'raise RuntimeError(f"NCCL error: {error_str}")',
+            )
+        ],
+        where="worker",
+        shapes=("v1", "truncated"),
     ),
     Scenario(
-        "nccl-watchdog", "nccl-timeout", "PyTorch ProcessGroupNCCL watchdog",
-        where="lines", wrapper=False,
+        "nccl-watchdog",
+        "nccl-timeout",
+        "PyTorch ProcessGroupNCCL watchdog",
+        where="lines",
+        wrapper=False,
         lines=[
             "[rank3]:[E1102 10:31:55.201533620 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4211, OpType=ALLREDUCE, NumelIn=14680064, NumelOut=14680064, Timeout(ms)=600000) ran for 600073 milliseconds before timing out.",
             "[rank3]:[E1102 10:31:55.201876012 ProcessGroupNCCL.cpp:2271] [PG ID 2 PG GUID 3 Rank 3]  failure detected by watchdog at work sequence id: 4211 PG status: last enqueued work: 4211, last completed work: 4210",
@@ -257,8 +535,11 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain"),
     ),
     Scenario(
-        "shm-nccl", "shm-too-small", "NCCL transport/shm.cc (NCCL WARN) in a container with 64 MB /dev/shm",
-        where="lines", wrapper=False,
+        "shm-nccl",
+        "shm-too-small",
+        "NCCL transport/shm.cc (NCCL WARN) in a container with 64 MB /dev/shm",
+        where="lines",
+        wrapper=False,
         lines=[
             "gpu-node-1:1301:1420 [0] misc/shmutils.cc:72 NCCL WARN Error: failed to extend /dev/shm/nccl-2SmXy8 to 9637892 bytes",
             "gpu-node-1:1301:1420 [0] NCCL INFO transport/shm.cc:114 -> 2",
@@ -271,15 +552,29 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain"),
     ),
     Scenario(
-        "shm-torch", "shm-too-small", "PyTorch torch/multiprocessing shared memory (/dev/shm ENOSPC)",
-        exc=["RuntimeError: unable to write to file </torch_1301_3829174622_0>: No space left on device (28)"],
-        frames=[F("torch/multiprocessing/reductions.py", 607, "reduce_storage", "fd, size = storage._share_fd_cpu_()")],
-        where="worker", shapes=("v1", "truncated"),
+        "shm-torch",
+        "shm-too-small",
+        "PyTorch torch/multiprocessing shared memory (/dev/shm ENOSPC)",
+        exc=[
+            "RuntimeError: unable to write to file </torch_1301_3829174622_0>: No space left on device (28)"
+        ],
+        frames=[
+            F(
+                "torch/multiprocessing/reductions.py",
+                607,
+                "reduce_storage",
+                "fd, size = storage._share_fd_cpu_()",
+            )
+        ],
+        where="worker",
+        shapes=("v1", "truncated"),
     ),
     Scenario(
-        "hang-shm", "worker-hang",
+        "hang-shm",
+        "worker-hang",
         "vllm/distributed/device_communicators/shm_broadcast.py (0.12.0+) warning, repeated",
-        where="lines", wrapper=False,
+        where="lines",
+        wrapper=False,
         lines=[
             "(EngineCore_DP0 pid=1201) WARNING 11-02 11:02:14 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).",
             "(EngineCore_DP0 pid=1201) WARNING 11-02 11:03:14 [shm_broadcast.py:466] No available shared memory broadcast block found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache quantization).",
@@ -288,9 +583,11 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain"),
     ),
     Scenario(
-        "worker-died", "worker-died",
+        "worker-died",
+        "worker-died",
         "vllm/v1/executor/multiproc_executor.py worker monitor (0.10.2-0.25.0); killed by the OOM killer",
-        where="lines", wrapper=False,
+        where="lines",
+        wrapper=False,
         lines=[
             "(EngineCore_DP0 pid=1201) ERROR 11-02 12:40:03 [multiproc_executor.py:154] Worker proc VllmWorker-5 died unexpectedly, shutting down executor.",
             "(EngineCore_DP0 pid=1201) ERROR 11-02 12:40:03 [core.py:851] EngineCore encountered a fatal error.",
@@ -300,50 +597,97 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain"),
     ),
     Scenario(
-        "worker-died-033", "worker-died", "vllm/v1/executor/multiproc_executor.py (0.33.0) with exit code",
-        where="lines", wrapper=False,
+        "worker-died-033",
+        "worker-died",
+        "vllm/v1/executor/multiproc_executor.py (0.33.0) with exit code",
+        where="lines",
+        wrapper=False,
         lines=[
             "(EngineCore_DP0 pid=1201) ERROR 11-02 12:40:03 [multiproc_executor.py:380] Worker proc VllmWorker-2 died unexpectedly (exit code: -9), shutting down executor.",
         ],
         shapes=("v1",),
     ),
     Scenario(
-        "ray-died", "ray-actor-died", "Ray ActorDiedError through vllm/v1/executor/ray_executor.py",
-        exc=["ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
-             "\tclass_name: RayWorkerWrapper",
-             "\tactor_id: 5c4c2c7d0e3e0b1e7e52f6a901000000",
-             "\tpid: 2211",
-             "\tname: _ray_worker_3",
-             "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file."],
-        frames=[F("vllm/v1/executor/ray_executor.py", 447, "collective_rpc", "return ray.get(ray_worker_outputs, timeout=timeout)"),
-                F("ray/_private/worker.py", 921, "get_objects", "raise value")],
+        "ray-died",
+        "ray-actor-died",
+        "Ray ActorDiedError through vllm/v1/executor/ray_executor.py",
+        exc=[
+            "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+            "\tclass_name: RayWorkerWrapper",
+            "\tactor_id: 5c4c2c7d0e3e0b1e7e52f6a901000000",
+            "\tpid: 2211",
+            "\tname: _ray_worker_3",
+            "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2. End of file.",
+        ],
+        frames=[
+            F(
+                "vllm/v1/executor/ray_executor.py",
+                447,
+                "collective_rpc",
+                "return ray.get(ray_worker_outputs, timeout=timeout)",
+            ),
+            F("ray/_private/worker.py", 921, "get_objects", "raise value"),
+        ],
         shapes=("v1", "plain", "truncated"),
     ),
     # ---------------------------------------------------------------- environment
     Scenario(
-        "driver-old", "cuda-driver-mismatch", "PyTorch CUDA initialization (c10/cuda)",
-        exc=["RuntimeError: The NVIDIA driver on your system is too old (found version 12020). Please update your GPU driver by downloading and installing a new version from the URL: http://www.nvidia.com/Download/index.aspx Alternatively, go to: https://pytorch.org to install a PyTorch version that has been compiled with your version of the CUDA driver."],
+        "driver-old",
+        "cuda-driver-mismatch",
+        "PyTorch CUDA initialization (c10/cuda)",
+        exc=[
+            "RuntimeError: The NVIDIA driver on your system is too old (found version 12020). Please update your GPU driver by downloading and installing a new version from the URL: http://www.nvidia.com/Download/index.aspx Alternatively, go to: https://pytorch.org to install a PyTorch version that has been compiled with your version of the CUDA driver."
+        ],
         frames=[F("torch/cuda/__init__.py", 372, "_lazy_init", "torch._C._cuda_init()")],
-        where="worker", shapes=("v1", "plain", "truncated"),
+        where="worker",
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "driver-803", "cuda-driver-mismatch", "CUDA runtime error 803 via PyTorch",
-        exc=["RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling NumCudaDevices() that might have already set an error? Error 803: system has unsupported display driver / cuda driver combination"],
-        frames=[F("torch/cuda/__init__.py", 1017, "device_count", "r = torch._C._cuda_getDeviceCount() if nvml_count < 0 else nvml_count")],
-        where="api", wrapper=False, shapes=("v1", "truncated"),
+        "driver-803",
+        "cuda-driver-mismatch",
+        "CUDA runtime error 803 via PyTorch",
+        exc=[
+            "RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling NumCudaDevices() that might have already set an error? Error 803: system has unsupported display driver / cuda driver combination"
+        ],
+        frames=[
+            F(
+                "torch/cuda/__init__.py",
+                1017,
+                "device_count",
+                "r = torch._C._cuda_getDeviceCount() if nvml_count < 0 else nvml_count",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "truncated"),
     ),
     Scenario(
-        "arch-kernel", "cuda-arch-unsupported", "CUDA runtime error 209 via vLLM custom ops",
-        exc=["RuntimeError: CUDA error: no kernel image is available for execution on the device",
-             "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
-             "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
-             "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions."],
-        frames=[F("vllm/_custom_ops.py", 160, "rms_norm", "torch.ops._C.rms_norm(out, input, weight, epsilon)")],
-        where="worker", shapes=("v1", "plain", "interleaved", "truncated"),
+        "arch-kernel",
+        "cuda-arch-unsupported",
+        "CUDA runtime error 209 via vLLM custom ops",
+        exc=[
+            "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+            "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
+            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+            "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+        ],
+        frames=[
+            F(
+                "vllm/_custom_ops.py",
+                160,
+                "rms_norm",
+                "torch.ops._C.rms_norm(out, input, weight, epsilon)",
+            )
+        ],
+        where="worker",
+        shapes=("v1", "plain", "interleaved", "truncated"),
     ),
     Scenario(
-        "arch-sm120", "cuda-arch-unsupported", "PyTorch torch/cuda/__init__.py _check_capability warning",
-        where="lines", wrapper=False,
+        "arch-sm120",
+        "cuda-arch-unsupported",
+        "PyTorch torch/cuda/__init__.py _check_capability warning",
+        where="lines",
+        wrapper=False,
         lines=[
             "/usr/local/lib/python3.12/dist-packages/torch/cuda/__init__.py:262: UserWarning: ",
             "NVIDIA RTX PRO 6000 Blackwell Workstation Edition with CUDA capability sm_120 is not compatible with the current PyTorch installation.",
@@ -352,89 +696,194 @@ SCENARIOS: list[Scenario] = [
         shapes=("plain",),
     ),
     Scenario(
-        "fork", "cuda-reinit-in-fork", "PyTorch torch/cuda/__init__.py _lazy_init",
-        exc=["RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method"],
-        frames=[F("vllm/v1/worker/gpu_worker.py", 189, "init_device", "torch.cuda.set_device(self.device)"),
-                F("torch/cuda/__init__.py", 358, "_lazy_init", "raise RuntimeError(")],
-        where="worker", shapes=("v1", "plain", "interleaved", "truncated"),
+        "fork",
+        "cuda-reinit-in-fork",
+        "PyTorch torch/cuda/__init__.py _lazy_init",
+        exc=[
+            "RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method"
+        ],
+        frames=[
+            F(
+                "vllm/v1/worker/gpu_worker.py",
+                189,
+                "init_device",
+                "torch.cuda.set_device(self.device)",
+            ),
+            F("torch/cuda/__init__.py", 358, "_lazy_init", "raise RuntimeError("),
+        ],
+        where="worker",
+        shapes=("v1", "plain", "interleaved", "truncated"),
     ),
     Scenario(
-        "no-gpu", "no-gpu-visible", "PyTorch torch/cuda/__init__.py (no devices visible)",
+        "no-gpu",
+        "no-gpu-visible",
+        "PyTorch torch/cuda/__init__.py (no devices visible)",
         exc=["RuntimeError: No CUDA GPUs are available"],
-        frames=[F("vllm/v1/worker/gpu_worker.py", 189, "init_device", "torch.cuda.set_device(self.device)")],
-        where="worker", shapes=("v1", "plain", "truncated"),
+        frames=[
+            F(
+                "vllm/v1/worker/gpu_worker.py",
+                189,
+                "init_device",
+                "torch.cuda.set_device(self.device)",
+            )
+        ],
+        where="worker",
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "no-device-type", "no-gpu-visible", "vllm/config/device.py (0.10.2-0.33.0)",
-        exc=["RuntimeError: Failed to infer device type, please set the environment variable `VLLM_LOGGING_LEVEL=DEBUG` to turn on verbose logging to help debug the issue."],
+        "no-device-type",
+        "no-gpu-visible",
+        "vllm/config/device.py (0.10.2-0.33.0)",
+        exc=[
+            "RuntimeError: Failed to infer device type, please set the environment variable `VLLM_LOGGING_LEVEL=DEBUG` to turn on verbose logging to help debug the issue."
+        ],
         frames=[F("vllm/config/device.py", 55, "__post_init__", "raise RuntimeError(")],
-        where="api", wrapper=False, shapes=("v1", "plain"),
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain"),
     ),
     Scenario(
-        "abi-symbol", "install-abi-mismatch", "dynamic loader importing vllm/_C.abi3.so built for another torch",
-        exc=[f"ImportError: {SITE}/vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda29c10_cuda_check_implementationEiPKcS2_ib"],
+        "abi-symbol",
+        "install-abi-mismatch",
+        "dynamic loader importing vllm/_C.abi3.so built for another torch",
+        exc=[
+            f"ImportError: {SITE}/vllm/_C.abi3.so: undefined symbol: _ZN3c104cuda29c10_cuda_check_implementationEiPKcS2_ib"
+        ],
         frames=[F("vllm/_custom_ops.py", 13, "<module>", "import vllm._C  # noqa")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "abi-opnamespace", "install-abi-mismatch", "torch.ops._C lookup when vllm._C failed to load (vllm/_custom_ops.py)",
+        "abi-opnamespace",
+        "install-abi-mismatch",
+        "torch.ops._C lookup when vllm._C failed to load (vllm/_custom_ops.py)",
         exc=["AttributeError: '_OpNamespace' '_C' object has no attribute 'silu_and_mul'"],
         frames=[F("vllm/_custom_ops.py", 116, "silu_and_mul", "torch.ops._C.silu_and_mul(out, x)")],
-        where="worker", shapes=("v1", "truncated"),
+        where="worker",
+        shapes=("v1", "truncated"),
     ),
     Scenario(
-        "compile", "torch-compile-failed", "PyTorch dynamo BackendCompilerFailed from vllm/compilation/backends.py",
-        exc=["torch._dynamo.exc.BackendCompilerFailed: backend='<vllm.compilation.backends.VllmBackend object at 0x7f2c1c2b0e30>' raised:",
-             "CalledProcessError: Command '['/usr/bin/gcc', '/tmp/tmpx0l7/cuda_utils.c', '-O3', '-shared', '-fPIC', '-o', '/tmp/tmpx0l7/cuda_utils.cpython-312-x86_64-linux-gnu.so']' returned non-zero exit status 1.",
-             "",
-             "Set TORCH_LOGS=\"+dynamo\" and TORCHDYNAMO_VERBOSE=1 for more information"],
-        frames=[F("vllm/compilation/decorators.py", 439, "__call__", "output = self.compiled_callable(*args, **kwargs)"),
-                F("torch/_dynamo/eval_frame.py", 736, "compile_wrapper", "return fn(*args, **kwargs)")],
-        where="worker", shapes=("v1", "plain", "interleaved", "truncated"),
+        "compile",
+        "torch-compile-failed",
+        "PyTorch dynamo BackendCompilerFailed from vllm/compilation/backends.py",
+        exc=[
+            "torch._dynamo.exc.BackendCompilerFailed: backend='<vllm.compilation.backends.VllmBackend object at 0x7f2c1c2b0e30>' raised:",
+            "CalledProcessError: Command '['/usr/bin/gcc', '/tmp/tmpx0l7/cuda_utils.c', '-O3', '-shared', '-fPIC', '-o', '/tmp/tmpx0l7/cuda_utils.cpython-312-x86_64-linux-gnu.so']' returned non-zero exit status 1.",
+            "",
+            'Set TORCH_LOGS="+dynamo" and TORCHDYNAMO_VERBOSE=1 for more information',
+        ],
+        frames=[
+            F(
+                "vllm/compilation/decorators.py",
+                439,
+                "__call__",
+                "output = self.compiled_callable(*args, **kwargs)",
+            ),
+            F("torch/_dynamo/eval_frame.py", 736, "compile_wrapper", "return fn(*args, **kwargs)"),
+        ],
+        where="worker",
+        shapes=("v1", "plain", "interleaved", "truncated"),
     ),
     Scenario(
-        "attn-backend", "attention-backend-unsupported", "vllm/platforms/cuda.py get_attn_backend_cls (0.12.0+)",
-        exc=["ValueError: Selected backend AttentionBackendEnum.FLASHMLA is not valid for this configuration. Reason: ['compute capability not supported', 'block_size not supported']"],
-        frames=[F("vllm/attention/selector.py", 112, "get_attn_backend", "return _cached_get_attn_backend("),
-                F("vllm/platforms/cuda.py", 443, "get_attn_backend_cls", "raise ValueError(")],
-        where="worker", shapes=("v1", "plain", "truncated"),
+        "attn-backend",
+        "attention-backend-unsupported",
+        "vllm/platforms/cuda.py get_attn_backend_cls (0.12.0+)",
+        exc=[
+            "ValueError: Selected backend AttentionBackendEnum.FLASHMLA is not valid for this configuration. Reason: ['compute capability not supported', 'block_size not supported']"
+        ],
+        frames=[
+            F(
+                "vllm/attention/selector.py",
+                112,
+                "get_attn_backend",
+                "return _cached_get_attn_backend(",
+            ),
+            F("vllm/platforms/cuda.py", 443, "get_attn_backend_cls", "raise ValueError("),
+        ],
+        where="worker",
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "attn-invalid", "attention-backend-unsupported", "vllm/attention/selector.py (0.10.2-0.11.0)",
-        exc=["ValueError: Invalid attention backend: 'FLASH_ATTN_VLLM_V1X'. Valid backends are: ['FLASH_ATTN', 'TRITON_ATTN', 'XFORMERS', 'ROCM_FLASH', 'TORCH_SDPA', 'FLASHINFER', 'FLASHMLA', 'CUTLASS_MLA']"],
-        frames=[F("vllm/attention/selector.py", 202, "get_env_variable_attn_backend", "raise ValueError(")],
-        where="worker", shapes=("v1", "truncated"),
+        "attn-invalid",
+        "attention-backend-unsupported",
+        "vllm/attention/selector.py (0.10.2-0.11.0)",
+        exc=[
+            "ValueError: Invalid attention backend: 'FLASH_ATTN_VLLM_V1X'. Valid backends are: ['FLASH_ATTN', 'TRITON_ATTN', 'XFORMERS', 'ROCM_FLASH', 'TORCH_SDPA', 'FLASHINFER', 'FLASHMLA', 'CUTLASS_MLA']"
+        ],
+        frames=[
+            F(
+                "vllm/attention/selector.py",
+                202,
+                "get_env_variable_attn_backend",
+                "raise ValueError(",
+            )
+        ],
+        where="worker",
+        shapes=("v1", "truncated"),
     ),
     Scenario(
-        "quant-capability", "quantization-unsupported", "vllm/config/vllm.py _get_quantization_config (0.10.2-0.33.0)",
-        exc=["ValueError: The quantization method fp8 is not supported for the current GPU. Minimum capability: 89. Current capability: 80."],
+        "quant-capability",
+        "quantization-unsupported",
+        "vllm/config/vllm.py _get_quantization_config (0.10.2-0.33.0)",
+        exc=[
+            "ValueError: The quantization method fp8 is not supported for the current GPU. Minimum capability: 89. Current capability: 80."
+        ],
         frames=[F("vllm/config/vllm.py", 931, "_get_quantization_config", "raise ValueError(")],
         shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "quant-mismatch", "quantization-unsupported", "vllm/config/model.py _verify_quantization (0.10.2-0.33.0)",
-        exc=["pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
-             "  Value error, Quantization method specified in the model config (compressed-tensors) does not match the quantization method specified in the `quantization` argument (awq). [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]"],
+        "quant-mismatch",
+        "quantization-unsupported",
+        "vllm/config/model.py _verify_quantization (0.10.2-0.33.0)",
+        exc=[
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+            "  Value error, Quantization method specified in the model config (compressed-tensors) does not match the quantization method specified in the `quantization` argument (awq). [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]",
+        ],
         frames=[F("vllm/engine/arg_utils.py", 1288, "create_model_config", "return ModelConfig(")],
-        where="api", wrapper=False, shapes=("v1", "truncated"),
+        where="api",
+        wrapper=False,
+        shapes=("v1", "truncated"),
     ),
     # ---------------------------------------------------------------- model and config
     Scenario(
-        "arch", "architecture-unsupported", "vllm/model_executor/models/registry.py _raise_for_unsupported (0.10.2-0.33.0)",
-        exc=["pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
-             "  Value error, Model architectures ['KimiK25ForConditionalGeneration'] are not supported for now. Supported architectures: dict_keys(['ApertusForCausalLM', 'AquilaModel', 'DeepseekV2ForCausalLM', 'DeepseekV3ForCausalLM']) [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]"],
+        "arch",
+        "architecture-unsupported",
+        "vllm/model_executor/models/registry.py _raise_for_unsupported (0.10.2-0.33.0)",
+        exc=[
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+            "  Value error, Model architectures ['KimiK25ForConditionalGeneration'] are not supported for now. Supported architectures: dict_keys(['ApertusForCausalLM', 'AquilaModel', 'DeepseekV2ForCausalLM', 'DeepseekV3ForCausalLM']) [type=value_error, input_value=ArgsKwargs((), {'model': ...}), input_type=ArgsKwargs]",
+        ],
         frames=[F("vllm/engine/arg_utils.py", 1288, "create_model_config", "return ModelConfig(")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "arch-transformers", "architecture-unsupported", "transformers AutoConfig (model type unknown to this transformers)",
-        exc=["ValueError: The checkpoint you are trying to load has model type `kimi_k25` but Transformers does not recognize this architecture. This could be because of an issue with the checkpoint, or because your version of Transformers is out of date."],
-        frames=[F("transformers/models/auto/configuration_auto.py", 1272, "from_pretrained", "raise ValueError(")],
-        where="api", wrapper=False, shapes=("v1", "truncated"),
+        "arch-transformers",
+        "architecture-unsupported",
+        "transformers AutoConfig (model type unknown to this transformers)",
+        exc=[
+            "ValueError: The checkpoint you are trying to load has model type `kimi_k25` but Transformers does not recognize this architecture. This could be because of an issue with the checkpoint, or because your version of Transformers is out of date."
+        ],
+        frames=[
+            F(
+                "transformers/models/auto/configuration_auto.py",
+                1272,
+                "from_pretrained",
+                "raise ValueError(",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "truncated"),
     ),
     Scenario(
-        "inspect", "architecture-inspection-failed", "vllm/model_executor/models/registry.py (0.10.2-0.33.0)",
-        where="lines", wrapper=False,
+        "inspect",
+        "architecture-inspection-failed",
+        "vllm/model_executor/models/registry.py (0.10.2-0.33.0)",
+        where="lines",
+        wrapper=False,
         lines=[
             "(APIServer pid=1100) ERROR 11-02 10:14:20 [registry.py:853] Error in inspecting model architecture 'DeepseekV3ForCausalLM'",
             "(APIServer pid=1100) ERROR 11-02 10:14:20 [registry.py:853] Traceback (most recent call last):",
@@ -449,16 +898,32 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain"),
     ),
     Scenario(
-        "remote-code", "trust-remote-code-required", "vllm/transformers_utils/config.py (0.10.2-0.33.0)",
-        exc=["RuntimeError: Failed to load the model config. If the model is a custom model not yet available in the HuggingFace transformers library, consider setting `trust_remote_code=True` in LLM or using the `--trust-remote-code` flag in the CLI."],
-        frames=[F("vllm/transformers_utils/config.py", 190, "parse", "raise RuntimeError(err_msg) from e")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
+        "remote-code",
+        "trust-remote-code-required",
+        "vllm/transformers_utils/config.py (0.10.2-0.33.0)",
+        exc=[
+            "RuntimeError: Failed to load the model config. If the model is a custom model not yet available in the HuggingFace transformers library, consider setting `trust_remote_code=True` in LLM or using the `--trust-remote-code` flag in the CLI."
+        ],
+        frames=[
+            F(
+                "vllm/transformers_utils/config.py",
+                190,
+                "parse",
+                "raise RuntimeError(err_msg) from e",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "chat-template", "chat-template-missing", "vllm/entrypoints/chat_utils.py (0.10.2-0.13.0) at request time",
-        where="lines", wrapper=False,
+        "chat-template",
+        "chat-template-missing",
+        "vllm/entrypoints/chat_utils.py (0.10.2-0.13.0) at request time",
+        where="lines",
+        wrapper=False,
         lines=[
-            "(APIServer pid=1100) INFO:     127.0.0.1:51234 - \"POST /v1/chat/completions HTTP/1.1\" 400 Bad Request",
+            '(APIServer pid=1100) INFO:     127.0.0.1:51234 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request',
             "(APIServer pid=1100) ERROR 11-02 13:01:44 [serving_chat.py:222] Error in preprocessing prompt inputs",
             "(APIServer pid=1100) ERROR 11-02 13:01:44 [serving_chat.py:222] Traceback (most recent call last):",
             f'(APIServer pid=1100) ERROR 11-02 13:01:44 [serving_chat.py:222]   File "{SITE}/vllm/entrypoints/chat_utils.py", line 1817, in apply_hf_chat_template',
@@ -468,36 +933,82 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain"),
     ),
     Scenario(
-        "hf-gated", "hf-auth-failed", "huggingface_hub GatedRepoError (HTTP 401)",
-        exc=["huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-6725f3a1-0d6c1f4e2b7a9c3d1e5f7a9b;7c0b1f3e-4b6d-4e8a-9f2c-1a3b5c7d9e0f)",
-             "",
-             "Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3.1-405B-Instruct/resolve/main/config.json.",
-             "Access to model meta-llama/Llama-3.1-405B-Instruct is restricted. You must have access to it and be authenticated to access it. Please log in."],
-        frames=[F("huggingface_hub/utils/_http.py", 426, "hf_raise_for_status", "raise _format(GatedRepoError, message, response) from e")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
+        "hf-gated",
+        "hf-auth-failed",
+        "huggingface_hub GatedRepoError (HTTP 401)",
+        exc=[
+            "huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-6725f3a1-0d6c1f4e2b7a9c3d1e5f7a9b;7c0b1f3e-4b6d-4e8a-9f2c-1a3b5c7d9e0f)",
+            "",
+            "Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3.1-405B-Instruct/resolve/main/config.json.",
+            "Access to model meta-llama/Llama-3.1-405B-Instruct is restricted. You must have access to it and be authenticated to access it. Please log in.",
+        ],
+        frames=[
+            F(
+                "huggingface_hub/utils/_http.py",
+                426,
+                "hf_raise_for_status",
+                "raise _format(GatedRepoError, message, response) from e",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "safetensors", "checkpoint-corrupt", "safetensors SafetensorError via vllm/model_executor/model_loader/weight_utils.py",
-        exc=["safetensors_rust.SafetensorError: Error while deserializing header: MetadataIncompleteBuffer"],
-        frames=[F("vllm/model_executor/model_loader/weight_utils.py", 610, "safetensors_weights_iterator", "with safe_open(st_file, framework=\"pt\") as f:")],
-        where="worker", shapes=("v1", "plain", "interleaved", "truncated"),
+        "safetensors",
+        "checkpoint-corrupt",
+        "safetensors SafetensorError via vllm/model_executor/model_loader/weight_utils.py",
+        exc=[
+            "safetensors_rust.SafetensorError: Error while deserializing header: MetadataIncompleteBuffer"
+        ],
+        frames=[
+            F(
+                "vllm/model_executor/model_loader/weight_utils.py",
+                610,
+                "safetensors_weights_iterator",
+                'with safe_open(st_file, framework="pt") as f:',
+            )
+        ],
+        where="worker",
+        shapes=("v1", "plain", "interleaved", "truncated"),
     ),
     Scenario(
-        "no-weights", "checkpoint-corrupt", "vllm/model_executor/model_loader/default_loader.py (0.10.2-0.33.0)",
+        "no-weights",
+        "checkpoint-corrupt",
+        "vllm/model_executor/model_loader/default_loader.py (0.10.2-0.33.0)",
         exc=["RuntimeError: Cannot find any model weights with `/models/Kimi-K2.5`"],
-        frames=[F("vllm/model_executor/model_loader/default_loader.py", 155, "_prepare_weights", "raise RuntimeError(")],
-        where="worker", shapes=("v1", "truncated"),
+        frames=[
+            F(
+                "vllm/model_executor/model_loader/default_loader.py",
+                155,
+                "_prepare_weights",
+                "raise RuntimeError(",
+            )
+        ],
+        where="worker",
+        shapes=("v1", "truncated"),
     ),
     Scenario(
-        "disk", "disk-full", "OS ENOSPC while huggingface_hub downloads into the cache",
-        exc=["OSError: [Errno 28] No space left on device: '/root/.cache/huggingface/hub/models--moonshotai--Kimi-K2.5/blobs/3f9a.incomplete'"],
-        frames=[F("huggingface_hub/file_download.py", 1727, "_download_to_tmp_and_move", "http_get(")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
+        "disk",
+        "disk-full",
+        "OS ENOSPC while huggingface_hub downloads into the cache",
+        exc=[
+            "OSError: [Errno 28] No space left on device: '/root/.cache/huggingface/hub/models--moonshotai--Kimi-K2.5/blobs/3f9a.incomplete'"
+        ],
+        frames=[
+            F("huggingface_hub/file_download.py", 1727, "_download_to_tmp_and_move", "http_get(")
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
     ),
     # ---------------------------------------------------------------- server
     Scenario(
-        "port-uvicorn", "port-in-use", "uvicorn server startup via vllm/entrypoints/launcher.py serve_http",
-        where="lines", wrapper=False,
+        "port-uvicorn",
+        "port-in-use",
+        "uvicorn server startup via vllm/entrypoints/launcher.py serve_http",
+        where="lines",
+        wrapper=False,
         lines=[
             "(APIServer pid=1100) INFO:     Started server process [1100]",
             "(APIServer pid=1100) INFO:     Waiting for application startup.",
@@ -509,14 +1020,28 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain"),
     ),
     Scenario(
-        "port-socket", "port-in-use", "Python socket.bind in vllm/entrypoints/openai/api_server.py create_server_socket",
+        "port-socket",
+        "port-in-use",
+        "Python socket.bind in vllm/entrypoints/openai/api_server.py create_server_socket",
         exc=["OSError: [Errno 98] Address already in use"],
-        frames=[F("vllm/entrypoints/openai/api_server.py", 1870, "create_server_socket", "sock.bind(addr)")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
+        frames=[
+            F(
+                "vllm/entrypoints/openai/api_server.py",
+                1870,
+                "create_server_socket",
+                "sock.bind(addr)",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "engine-dead", "engine-dead", "vllm/v1/engine/exceptions.py EngineDeadError (0.10.2-0.33.0), after start-up",
-        where="lines", wrapper=False,
+        "engine-dead",
+        "engine-dead",
+        "vllm/v1/engine/exceptions.py EngineDeadError (0.10.2-0.33.0), after start-up",
+        where="lines",
+        wrapper=False,
         pre=["(APIServer pid=1100) INFO:     Application startup complete."],
         lines=[
             "(EngineCore_DP0 pid=1201) ERROR 11-02 14:22:10 [core.py:851] EngineCore encountered a fatal error.",
@@ -529,8 +1054,11 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain"),
     ),
     Scenario(
-        "engine-init", "engine-init-failed", "vllm/v1/engine/utils.py wait_for_engine_startup (0.10.2-0.33.0), root cause not captured",
-        where="lines", wrapper=False,
+        "engine-init",
+        "engine-init-failed",
+        "vllm/v1/engine/utils.py wait_for_engine_startup (0.10.2-0.33.0), root cause not captured",
+        where="lines",
+        wrapper=False,
         lines=[
             "(APIServer pid=1100) Traceback (most recent call last):",
             '(APIServer pid=1100)   File "/usr/local/bin/vllm", line 10, in <module>',
@@ -543,8 +1071,11 @@ SCENARIOS: list[Scenario] = [
     ),
     # ---------------------------------------------------------------- fleet
     Scenario(
-        "stalled", "load-stalled", "fleet serve supervisor marker (fleet.diagnosis.markers)",
-        where="lines", wrapper=False,
+        "stalled",
+        "load-stalled",
+        "fleet serve supervisor marker (fleet.diagnosis.markers)",
+        where="lines",
+        wrapper=False,
         lines=[
             "Loading safetensors checkpoint shards:  45% Completed | 29/64 [11:02<13:19, 22.8s/it]",
             "[fleet] load-stalled phase=weights idle_s=900",
@@ -552,20 +1083,39 @@ SCENARIOS: list[Scenario] = [
         shapes=("plain",),
     ),
     Scenario(
-        "timeout", "load-timeout", "vllm/v1/engine/core_client.py (0.17.0+)",
-        exc=["TimeoutError: Timed out waiting for engine core processes to start. This is often caused by slow weight loading for large models. Waited 600s (configured by VLLM_ENGINE_READY_TIMEOUT_S). To increase the timeout, set the environment variable: VLLM_ENGINE_READY_TIMEOUT_S=<seconds>"],
-        frames=[F("vllm/v1/engine/core_client.py", 764, "_wait_for_engine_startup", "raise TimeoutError(")],
-        where="api", wrapper=False, shapes=("v1", "plain", "truncated"),
+        "timeout",
+        "load-timeout",
+        "vllm/v1/engine/core_client.py (0.17.0+)",
+        exc=[
+            "TimeoutError: Timed out waiting for engine core processes to start. This is often caused by slow weight loading for large models. Waited 600s (configured by VLLM_ENGINE_READY_TIMEOUT_S). To increase the timeout, set the environment variable: VLLM_ENGINE_READY_TIMEOUT_S=<seconds>"
+        ],
+        frames=[
+            F(
+                "vllm/v1/engine/core_client.py",
+                764,
+                "_wait_for_engine_startup",
+                "raise TimeoutError(",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
-        "timeout-marker", "load-timeout", "fleet serve supervisor marker (fleet.diagnosis.markers)",
-        where="lines", wrapper=False,
+        "timeout-marker",
+        "load-timeout",
+        "fleet serve supervisor marker (fleet.diagnosis.markers)",
+        where="lines",
+        wrapper=False,
         lines=["[fleet] load-timeout timeout_s=2400 phase=compile"],
         shapes=("plain",),
     ),
     Scenario(
-        "exited", "process-exited", "Linux shell/OOM killer: the process is SIGKILLed",
-        where="lines", wrapper=False,
+        "exited",
+        "process-exited",
+        "Linux shell/OOM killer: the process is SIGKILLed",
+        where="lines",
+        wrapper=False,
         lines=[
             "Loading safetensors checkpoint shards:  62% Completed | 40/64 [15:10<09:06, 22.8s/it]",
             "Killed",
@@ -574,8 +1124,11 @@ SCENARIOS: list[Scenario] = [
         shapes=("plain",),
     ),
     Scenario(
-        "segfault", "process-exited", "CPython faulthandler (native crash in an extension)",
-        where="lines", wrapper=False,
+        "segfault",
+        "process-exited",
+        "CPython faulthandler (native crash in an extension)",
+        where="lines",
+        wrapper=False,
         lines=[
             "Fatal Python error: Segmentation fault",
             "",
@@ -585,9 +1138,18 @@ SCENARIOS: list[Scenario] = [
         shapes=("plain",),
     ),
     Scenario(
-        "unknown", "unrecognized-error", "an exception no rule knows (vllm/v1/worker/gpu_model_runner.py)",
+        "unknown",
+        "unrecognized-error",
+        "an exception no rule knows (vllm/v1/worker/gpu_model_runner.py)",
         exc=["IndexError: index 163840 is out of bounds for dimension 0 with size 163840"],
-        frames=[F("vllm/v1/worker/gpu_model_runner.py", 2410, "execute_model", "logits = self.model.compute_logits(sample_hidden_states)")],
+        frames=[
+            F(
+                "vllm/v1/worker/gpu_model_runner.py",
+                2410,
+                "execute_model",
+                "logits = self.model.compute_logits(sample_hidden_states)",
+            )
+        ],
         shapes=("v1", "plain", "truncated"),
     ),
 ]
@@ -596,19 +1158,50 @@ SCENARIOS: list[Scenario] = [
 
 PRE = [
     ("APIServer", "INFO", "api_server.py:1839", "vLLM API server version 0.17.0"),
-    ("APIServer", "INFO", "utils.py:238", "non-default args: {'model_tag': '/models/Kimi-K2.5', 'model': '/models/Kimi-K2.5', 'trust_remote_code': True, 'tensor_parallel_size': 8, 'port': 8001, 'speculative_config': {'method': 'eagle3', 'model': '/models/kimi-k25-eagle3', 'num_speculative_tokens': 3}}"),
+    (
+        "APIServer",
+        "INFO",
+        "utils.py:238",
+        "non-default args: {'model_tag': '/models/Kimi-K2.5', 'model': '/models/Kimi-K2.5', 'trust_remote_code': True, 'tensor_parallel_size': 8, 'port': 8001, 'speculative_config': {'method': 'eagle3', 'model': '/models/kimi-k25-eagle3', 'num_speculative_tokens': 3}}",
+    ),
     ("APIServer", "INFO", "model.py:531", "Resolved architecture: KimiK25ForConditionalGeneration"),
     ("APIServer", "INFO", "model.py:1554", "Using max model len 262144"),
-    ("EngineCore_DP0", "INFO", "core.py:93", "Initializing a V1 LLM engine (v0.17.0) with config: model='/models/Kimi-K2.5', speculative_config=SpeculativeConfig(method='eagle3', model='/models/kimi-k25-eagle3', num_spec_tokens=3), tokenizer='/models/Kimi-K2.5', skip_tokenizer_init=False, dtype=torch.bfloat16, max_seq_len=262144, tensor_parallel_size=8, pipeline_parallel_size=1, quantization=compressed-tensors, enforce_eager=False"),
-    ("Worker_TP0", "INFO", "parallel_state.py:1208", "rank 0 in world size 8 is assigned as DP rank 0, PP rank 0, TP rank 0, EP rank 0"),
-    ("Worker_TP0", "INFO", "gpu_model_runner.py:4256", "Starting to load model /models/Kimi-K2.5..."),
+    (
+        "EngineCore_DP0",
+        "INFO",
+        "core.py:93",
+        "Initializing a V1 LLM engine (v0.17.0) with config: model='/models/Kimi-K2.5', speculative_config=SpeculativeConfig(method='eagle3', model='/models/kimi-k25-eagle3', num_spec_tokens=3), tokenizer='/models/Kimi-K2.5', skip_tokenizer_init=False, dtype=torch.bfloat16, max_seq_len=262144, tensor_parallel_size=8, pipeline_parallel_size=1, quantization=compressed-tensors, enforce_eager=False",
+    ),
+    (
+        "Worker_TP0",
+        "INFO",
+        "parallel_state.py:1208",
+        "rank 0 in world size 8 is assigned as DP rank 0, PP rank 0, TP rank 0, EP rank 0",
+    ),
+    (
+        "Worker_TP0",
+        "INFO",
+        "gpu_model_runner.py:4256",
+        "Starting to load model /models/Kimi-K2.5...",
+    ),
 ]
 POST_LOAD = [
     ("Worker_TP0", "INFO", "default_loader.py:294", "Loading weights took 412.51 seconds"),
-    ("Worker_TP0", "INFO", "gpu_model_runner.py:4339", "Model loading took 71.93 GiB memory and 415.234101 seconds"),
+    (
+        "Worker_TP0",
+        "INFO",
+        "gpu_model_runner.py:4339",
+        "Model loading took 71.93 GiB memory and 415.234101 seconds",
+    ),
 ]
-PIDS = {"APIServer": 1100, "EngineCore_DP0": 1201, "Worker_TP0": 1301, "Worker_TP1": 1302,
-        "Worker_TP2": 1303, "Worker_TP3": 1304}
+PIDS = {
+    "APIServer": 1100,
+    "EngineCore_DP0": 1201,
+    "Worker_TP0": 1301,
+    "Worker_TP1": 1302,
+    "Worker_TP2": 1303,
+    "Worker_TP3": 1304,
+}
 STAMP = "11-02 10:15:01"
 
 
@@ -649,13 +1242,21 @@ def render(sc: Scenario, shape: str) -> list[str]:
     if shape == "truncated":
         # the tail of the traceback only: cut after the header and the first frame
         keep = tb[3:] if len(tb) > 4 else tb[1:]
-        proc = "EngineCore_DP0" if sc.where == "engine" else ("Worker_TP0" if sc.where == "worker" else "APIServer")
+        proc = (
+            "EngineCore_DP0"
+            if sc.where == "engine"
+            else ("Worker_TP0" if sc.where == "worker" else "APIServer")
+        )
         return [P(proc, "ERROR", "core.py:851", x) for x in keep[-6:]]
     if sc.where == "api":
         out.extend(P("APIServer", None, None, x) for x in tb)
         return out
     if sc.where == "worker":
-        workers = ["Worker_TP0", "Worker_TP1", "Worker_TP2", "Worker_TP3"] if shape == "interleaved" else ["Worker_TP0"]
+        workers = (
+            ["Worker_TP0", "Worker_TP1", "Worker_TP2", "Worker_TP3"]
+            if shape == "interleaved"
+            else ["Worker_TP0"]
+        )
         blocks = []
         for w in workers:
             blk = [P(w, "ERROR", "multiproc_executor.py:811", "WorkerProc failed to start.")]
@@ -672,8 +1273,17 @@ def render(sc: Scenario, shape: str) -> list[str]:
         else:
             out.extend(blocks[0])
         out.append(P("EngineCore_DP0", "ERROR", "core.py:708", "EngineCore failed to start."))
-        out.append(P("EngineCore_DP0", "ERROR", "core.py:708", "Traceback (most recent call last):"))
-        out.append(P("EngineCore_DP0", "ERROR", "core.py:708", "Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause."))
+        out.append(
+            P("EngineCore_DP0", "ERROR", "core.py:708", "Traceback (most recent call last):")
+        )
+        out.append(
+            P(
+                "EngineCore_DP0",
+                "ERROR",
+                "core.py:708",
+                "Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.",
+            )
+        )
     else:  # engine
         for proc, level, where, msg in POST_LOAD:
             out.append(P(proc, level, where, msg))
@@ -681,10 +1291,27 @@ def render(sc: Scenario, shape: str) -> list[str]:
         eng = traceback_lines(ENGINE_FRAMES + sc.frames, sc.exc)
         out.extend(P("EngineCore_DP0", "ERROR", "core.py:708", x) for x in eng)
         out.append(P("EngineCore_DP0", None, None, "Process EngineCore_DP0:"))
-        out.extend(P("EngineCore_DP0", None, None, x) for x in traceback_lines(
-            [("/usr/lib/python3.12/multiprocessing/process.py", 314, "_bootstrap", "self.run()")], sc.exc))
+        out.extend(
+            P("EngineCore_DP0", None, None, x)
+            for x in traceback_lines(
+                [
+                    (
+                        "/usr/lib/python3.12/multiprocessing/process.py",
+                        314,
+                        "_bootstrap",
+                        "self.run()",
+                    )
+                ],
+                sc.exc,
+            )
+        )
     if sc.wrapper:
-        api = traceback_lines(API_FRAMES, ["RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"])
+        api = traceback_lines(
+            API_FRAMES,
+            [
+                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+            ],
+        )
         out.extend(P("APIServer", None, None, x) for x in api)
     return out
 
@@ -698,9 +1325,16 @@ def strip_proc(line: str) -> str:
 
 def noisy(lines: list[str]) -> list[str]:
     """ANSI colours, CI timestamps, a carriage-return progress bar, folding at 120 columns."""
-    out = ["\r".join(f"Loading safetensors checkpoint shards: {p:3d}% Completed | {p * 64 // 100}/64" for p in (0, 25, 50, 100))]
+    out = [
+        "\r".join(
+            f"Loading safetensors checkpoint shards: {p:3d}% Completed | {p * 64 // 100}/64"
+            for p in (0, 25, 50, 100)
+        )
+    ]
     for i, line in enumerate(lines):
-        line = line.replace("ERROR ", "\x1b[1;31mERROR\x1b[0m ", 1).replace("INFO ", "\x1b[32mINFO\x1b[0m ", 1)
+        line = line.replace("ERROR ", "\x1b[1;31mERROR\x1b[0m ", 1).replace(
+            "INFO ", "\x1b[32mINFO\x1b[0m ", 1
+        )
         stamp = f"2025-11-02T10:15:{i % 60:02d}.{i:07d}Z "
         full = stamp + line
         visible = re.sub(r"\x1b\[[0-9;]*m", "", full)

@@ -35,6 +35,7 @@ def inspect_json(box: Sandbox, *hosts: str) -> tuple[subprocess.CompletedProcess
     return res, json.loads(res.stdout) if res.stdout.strip() else None
 
 
+@pytest.mark.docker
 def test_inspect_json_per_version_one_round_trip(shared_sandbox: Sandbox) -> None:
     box = shared_sandbox
     marks = box.log_marks()
@@ -65,6 +66,7 @@ def test_inspect_json_per_version_one_round_trip(shared_sandbox: Sandbox) -> Non
         assert sessions(box, host.name, marks[host.name]) == 1
 
 
+@pytest.mark.docker
 def test_inspect_for_people(shared_sandbox: Sandbox) -> None:
     res = run_fleet(shared_sandbox.inventory_path, "inspect", "--host", "all")
     assert res.returncode == 0, res.stderr
@@ -76,6 +78,7 @@ def test_inspect_for_people(shared_sandbox: Sandbox) -> None:
     assert out.count("8 × NVIDIA B200") == len(shared_sandbox.hosts)
 
 
+@pytest.mark.docker
 def test_inspect_details_panel(shared_sandbox: Sandbox) -> None:
     name = next(h.name for h in shared_sandbox.hosts if h.vllm == "0.18.0")
     res = run_fleet(shared_sandbox.inventory_path, "inspect", "--host", name)
@@ -99,10 +102,15 @@ def run_fleet(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, FLEET_CONNECT_ATTEMPTS="1", COLUMNS="200")
     return subprocess.run(
         [sys.executable, "-m", "fleet", "--inventory", str(inventory), *args],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
     )
 
 
+@pytest.mark.docker
 def test_wrong_python_fails_that_host_only(shared_sandbox: Sandbox, tmp_path: Path) -> None:
     first, second = shared_sandbox.hosts[0].name, shared_sandbox.hosts[1].name
     inventory = _inventory_copy(
@@ -116,9 +124,7 @@ def test_wrong_python_fails_that_host_only(shared_sandbox: Sandbox, tmp_path: Pa
     assert doc["hosts"][second]["ok"] is True
 
 
-def test_host_without_vllm_is_reported_not_failed(
-    shared_sandbox: Sandbox, tmp_path: Path
-) -> None:
+def test_host_without_vllm_is_reported_not_failed(shared_sandbox: Sandbox, tmp_path: Path) -> None:
     # the system interpreter of the host: Python runs, vLLM is not installed for it
     name = shared_sandbox.hosts[0].name
     inventory = _inventory_copy(shared_sandbox, tmp_path, {name: {"python": sys.executable}})
@@ -130,6 +136,7 @@ def test_host_without_vllm_is_reported_not_failed(
 
 
 @pytest.mark.sandbox(hosts=2, vllm=("0.17.0", "0.18.0"))
+@pytest.mark.docker
 def test_one_host_down(sandbox: Sandbox) -> None:
     down, up = sandbox.hosts[0].name, sandbox.hosts[1].name
     sandbox.stop_host(down)
@@ -156,8 +163,9 @@ def test_running_vllm_server_is_seen(shared_sandbox: Sandbox, tmp_path: Path) ->
     # argv as the kernel sets it: [python, .../vllm, serve, MODEL, --port, 8123]; Popen
     # returns after the exec, so the command line is already in /proc
     secret = "sk-inspectsecret0123456789abcdef"
-    proc = subprocess.Popen([str(fake), "serve", "/models/Kimi-K2.5", "--port", "8123",
-                             "--api-key", secret])
+    proc = subprocess.Popen(
+        [str(fake), "serve", "/models/Kimi-K2.5", "--port", "8123", "--api-key", secret]
+    )
     try:
         name = shared_sandbox.hosts[0].name
         res, doc = inspect_json(shared_sandbox, name)

@@ -23,9 +23,7 @@ from typing import Any
 
 import pytest
 
-from fleet.inventory import load_inventory
 from fleet.sandbox.core import Sandbox
-from fleet.transport import Session
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +32,9 @@ SIZE = 64 * 2**20
 
 
 def _generator() -> str:
-    spec = importlib.util.spec_from_file_location("bench_diagnose", ROOT / "benchmarks" / "bench_diagnose.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_diagnose", ROOT / "benchmarks" / "bench_diagnose.py"
+    )
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -48,30 +48,30 @@ def box(sandbox_factory: Any) -> Iterator[Sandbox]:
 
 
 def on_host(box: Sandbox, command: str, stdin: str | bytes | None = None) -> str:
-    inventory = load_inventory(box.inventory_path)
-    with Session(inventory) as session:
-        res = session.connect(inventory.hosts[box.hosts[0].name]).run(command, stdin=stdin, timeout=600)
-    assert res.ok, res.stderr
-    return res.stdout
+    return box.on_host(box.hosts[0].name, command, stdin=stdin).stdout
 
 
 def fleet(box: Sandbox, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", FLEET_CONNECT_ATTEMPTS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "fleet", "--inventory", str(box.inventory_path), *args],
-        capture_output=True, text=True, timeout=600, env=env, check=False,
-    )
+    return box.run_fleet(*args, timeout=600)
 
 
 def write_log(box: Sandbox, profile: str, text: str) -> None:
-    on_host(box, f'mkdir -p "$HOME/.fleet/run/{profile}" && cat > "$HOME/.fleet/run/{profile}/vllm.log"', stdin=text)
+    on_host(
+        box,
+        f'mkdir -p "$HOME/.fleet/run/{profile}" && cat > "$HOME/.fleet/run/{profile}/vllm.log"',
+        stdin=text,
+    )
 
 
+@pytest.mark.docker
 def test_large_log_is_diagnosed_moving_a_small_fraction(box: Sandbox) -> None:
     host = box.hosts[0]
     python = shlex.quote(host.python)
-    on_host(box, f'mkdir -p "$HOME/.fleet/run/big" && {python} - "$HOME/.fleet/run/big/vllm.log" {SIZE}',
-            stdin=_generator())
+    on_host(
+        box,
+        f'mkdir -p "$HOME/.fleet/run/big" && {python} - "$HOME/.fleet/run/big/vllm.log" {SIZE}',
+        stdin=_generator(),
+    )
     total = int(on_host(box, 'wc -l < "$HOME/.fleet/run/big/vllm.log"').strip())
     size = int(on_host(box, 'wc -c < "$HOME/.fleet/run/big/vllm.log"').strip())
     assert SIZE - 2**20 < size <= SIZE
@@ -107,10 +107,15 @@ def test_large_log_is_diagnosed_moving_a_small_fraction(box: Sandbox) -> None:
     on_host(box, 'rm -f "$HOME/.fleet/run/big/vllm.log"')
 
 
+@pytest.mark.docker
 def test_clean_and_missing_logs(box: Sandbox) -> None:
     name = box.hosts[0].name
-    write_log(box, "clean", "INFO 11-02 10:14:01 [a.py:1] vLLM API server version 0.17.0\n"
-              "(APIServer pid=1) INFO:     Application startup complete.\n")
+    write_log(
+        box,
+        "clean",
+        "INFO 11-02 10:14:01 [a.py:1] vLLM API server version 0.17.0\n"
+        "(APIServer pid=1) INFO:     Application startup complete.\n",
+    )
     res = fleet(box, "--json", "logs", "--host", name, "clean", "--diagnose")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["hosts"][name]["diagnoses"] == []
@@ -123,11 +128,15 @@ def test_clean_and_missing_logs(box: Sandbox) -> None:
     assert shown.stdout.strip().endswith("Application startup complete.")
 
 
+@pytest.mark.docker
 def test_hostile_path_is_quoted(box: Sandbox) -> None:
     name = box.hosts[0].name
     weird = "we ird 'q\" ; $(touch PWNED1) `touch PWNED2` | touch PWNED3 & #.log"
-    on_host(box, f"cat > {shlex.quote('/tmp/' + weird)}",
-            stdin="RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method\n")
+    on_host(
+        box,
+        f"cat > {shlex.quote('/tmp/' + weird)}",
+        stdin="RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the 'spawn' start method\n",
+    )
     res = fleet(box, "--json", "logs", "--host", name, "--path", "/tmp/" + weird, "--diagnose")
     assert res.returncode == 1, res.stderr
     diag = json.loads(res.stdout)["hosts"][name]["diagnoses"][0]
@@ -147,11 +156,19 @@ def test_port_in_use_names_the_holder(box: Sandbox) -> None:
         "print(s.getsockname()[1], flush=True)\n"
         "time.sleep(120)\n"
     )
-    out = on_host(box, f"f=$(mktemp); cat > \"$f\"; nohup {python} \"$f\" > \"$f.port\" 2>/dev/null & "
-                  f"echo $!; sleep 1; cat \"$f.port\"", stdin=listener)
+    out = on_host(
+        box,
+        f'f=$(mktemp); cat > "$f"; nohup {python} "$f" > "$f.port" 2>/dev/null & '
+        f'echo $!; sleep 1; cat "$f.port"',
+        stdin=listener,
+    )
     pid, port = out.split()[:2]
     try:
-        write_log(box, "port", f"ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', {port}): address already in use\n")
+        write_log(
+            box,
+            "port",
+            f"ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', {port}): address already in use\n",
+        )
         res = fleet(box, "--json", "logs", "--host", name, "port", "--diagnose")
         diag = json.loads(res.stdout)["hosts"][name]["diagnoses"][0]
         assert diag["id"] == "port-in-use"
@@ -170,14 +187,32 @@ def test_follow_diagnoses_lines_as_they_arrive(box: Sandbox) -> None:
     write_log(box, "live", "INFO 11-02 10:14:01 [a.py:1] vLLM API server version 0.17.0\n")
     env = dict(os.environ, COLUMNS="200", FLEET_CONNECT_ATTEMPTS="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleet", "--inventory", str(box.inventory_path), "--json",
-         "logs", "--host", name, "live", "--follow", "--diagnose"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            sys.executable,
+            "-m",
+            "fleet",
+            "--inventory",
+            str(box.inventory_path),
+            "--json",
+            "logs",
+            "--host",
+            name,
+            "live",
+            "--follow",
+            "--diagnose",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     try:
         time.sleep(2.0)
-        on_host(box, 'cat >> "$HOME/.fleet/run/live/vllm.log"',
-                stdin="(EngineCore_DP0 pid=7) ERROR 11-02 10:15:01 [core.py:708] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.\n")
+        on_host(
+            box,
+            'cat >> "$HOME/.fleet/run/live/vllm.log"',
+            stdin="(EngineCore_DP0 pid=7) ERROR 11-02 10:15:01 [core.py:708] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.\n",
+        )
         deadline = time.monotonic() + 60
         found: dict[str, Any] | None = None
         assert proc.stdout is not None
@@ -196,7 +231,9 @@ def test_follow_diagnoses_lines_as_they_arrive(box: Sandbox) -> None:
         proc.wait(timeout=30)
 
 
-def _read_json_lines(proc: subprocess.Popen[str], count: int, seconds: float = 60) -> list[dict[str, Any]]:
+def _read_json_lines(
+    proc: subprocess.Popen[str], count: int, seconds: float = 60
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
@@ -221,9 +258,24 @@ def test_follow_json_without_diagnose_prints_each_line(box: Sandbox) -> None:
     write_log(box, "live2", "first line\nsecond line with api_key=" + SECRET + "\n")
     env = dict(os.environ, COLUMNS="200", FLEET_CONNECT_ATTEMPTS="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fleet", "--inventory", str(box.inventory_path), "--json",
-         "logs", "--host", name, "live2", "--follow", "--tail", "5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        [
+            sys.executable,
+            "-m",
+            "fleet",
+            "--inventory",
+            str(box.inventory_path),
+            "--json",
+            "logs",
+            "--host",
+            name,
+            "live2",
+            "--follow",
+            "--tail",
+            "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     try:
         got = _read_json_lines(proc, 2)  # type: ignore[arg-type]
@@ -239,6 +291,7 @@ def test_follow_json_without_diagnose_prints_each_line(box: Sandbox) -> None:
     ]
 
 
+@pytest.mark.docker
 def test_pathological_log_is_capped_and_secrets_masked(box: Sandbox) -> None:
     """Every line matches the prefilter: at most the byte cap crosses the network, the end
     of the log is still diagnosed, and the API key in vLLM's args line is never shown."""
@@ -246,10 +299,14 @@ def test_pathological_log_is_capped_and_secrets_masked(box: Sandbox) -> None:
 
     host = box.hosts[0]
     python = shlex.quote(host.python)
-    args = ("(APIServer pid=1) INFO 11-02 10:14:05 [utils.py:238] non-default args: "
-            f"{{'model': '/m', 'api_key': ['{SECRET}'], 'port': 8001}}")
-    kv = ("(EngineCore_DP0 pid=7) ERROR 11-02 10:15:01 [core.py:708] ValueError: No available memory "
-          "for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.")
+    args = (
+        "(APIServer pid=1) INFO 11-02 10:14:05 [utils.py:238] non-default args: "
+        f"{{'model': '/m', 'api_key': ['{SECRET}'], 'port': 8001}}"
+    )
+    kv = (
+        "(EngineCore_DP0 pid=7) ERROR 11-02 10:15:01 [core.py:708] ValueError: No available memory "
+        "for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."
+    )
     gen = (
         "import sys\n"
         "oom = '(EngineCore_DP0 pid=7) ERROR 11-02 10:15:01 [core.py:708] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. #'\n"
@@ -259,7 +316,11 @@ def test_pathological_log_is_capped_and_secrets_masked(box: Sandbox) -> None:
         "        fh.write(oom + str(n) + '\\n')\n"
         f"    fh.write({args!r} + '\\n' + {kv!r} + '\\n')\n"
     )
-    on_host(box, f'mkdir -p "$HOME/.fleet/run/all" && {python} - "$HOME/.fleet/run/all/vllm.log"', stdin=gen)
+    on_host(
+        box,
+        f'mkdir -p "$HOME/.fleet/run/all" && {python} - "$HOME/.fleet/run/all/vllm.log"',
+        stdin=gen,
+    )
     size = int(on_host(box, 'wc -c < "$HOME/.fleet/run/all/vllm.log"').strip())
     assert size > 3 * output_cap()
     res = fleet(box, "--json", "logs", "--host", host.name, "all", "--diagnose")

@@ -2,7 +2,9 @@
 
 Every check of a host's files goes through its own Python over a separate SSH
 connection (sha256 of each target file, backup directory present or not), never
-through fleet's patch code, so the tests observe what really is on the host.
+through fleet's patch code, so the tests observe what really is on the host. Which vLLM
+is "the installed one" is the on-host runtime's single answer (``find_vllm`` of
+``fleet/onhost/_common.py``, bundled in front of the probe).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 import yaml
 
 from fleet.inventory import load_inventory
+from fleet.onhost import runner
 from fleet.patching.manifest import load_patch_set
 from fleet.sandbox.core import Sandbox
 from fleet.transport import Session
@@ -31,9 +34,8 @@ DS = "model_executor/models/deepseek_v2.py"
 # Runs on the host with its own interpreter: package dir, sha256 of each target file,
 # the fleet backup directory of the patch set, and fleet temp files next to the targets.
 PROBE = r"""
-import glob, hashlib, importlib.util, json, os, sys
-spec = importlib.util.find_spec("vllm")
-pkg = os.path.realpath(list(spec.submodule_search_locations)[0])
+import glob, hashlib, json, os, sys
+pkg = find_vllm()
 out = {"package_dir": pkg, "files": {}, "temps": []}
 for rel in sys.argv[1:]:
     p = os.path.join(pkg, *rel.split("/"))
@@ -55,7 +57,8 @@ def probe(box: Sandbox) -> dict[str, dict[str, Any]]:
     with Session(inv) as session:
         for spec in inv.select(["all"]):
             conn = session.connect(spec)
-            res = conn.run([spec.python, "-c", PROBE, *PATHS], timeout=60).check("probe")
+            script = runner.bundle("_common").text + PROBE
+            res = conn.run([spec.python, "-", *PATHS], stdin=script, timeout=60).check("probe")
             out[spec.name] = json.loads(res.stdout)
     return out
 
@@ -80,6 +83,7 @@ def by_version(box: Sandbox) -> dict[str, str]:
 
 
 @pytest.mark.sandbox(hosts=6, vllm=VERSIONS)
+@pytest.mark.docker
 def test_apply_again_revert_apply_across_versions(sandbox: Sandbox) -> None:
     versions = by_version(sandbox)
     original = shas(sandbox)
@@ -194,6 +198,7 @@ CUTS = [
 
 @pytest.mark.sandbox(hosts=1, vllm=("0.15.0",))
 @pytest.mark.parametrize(("point", "how_many"), CUTS, ids=[c[0] for c in CUTS])
+@pytest.mark.docker
 def test_connection_cut_during_apply(sandbox: Sandbox, point: str, how_many: str) -> None:
     """sshd and the write script are SIGKILLed while the script pauses at ``point``."""
     (host,) = (h.name for h in sandbox.hosts)
@@ -312,6 +317,7 @@ def test_revert_refuses_changed_file_unless_forced(sandbox: Sandbox) -> None:
     assert forced["ok"] and shas(sandbox)[host] == original
 
 
+@pytest.mark.docker
 def test_check_on_the_shared_fleet(shared_sandbox: Sandbox) -> None:
     """Read-only: the sandbox trees cannot even be imported (no torch); --check never
     tries, and reports the 0.17 hosts as would-apply, the 0.18 host as not-needed."""

@@ -39,15 +39,24 @@ def ssh(
     host = box.host(name)
     argv = [
         "ssh",
-        "-F", "/dev/null",
-        "-i", str(box.client_key_path),
-        "-o", "IdentitiesOnly=yes",
-        "-o", f"UserKnownHostsFile={known_hosts or box.known_hosts_path}",
-        "-o", "GlobalKnownHostsFile=/dev/null",
-        "-o", "StrictHostKeyChecking=yes",
-        "-o", "BatchMode=yes",
-        "-o", "ConnectTimeout=10",
-        "-p", str(host.port),
+        "-F",
+        "/dev/null",
+        "-i",
+        str(box.client_key_path),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"UserKnownHostsFile={known_hosts or box.known_hosts_path}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=10",
+        "-p",
+        str(host.port),
         f"{box.state.user}@{host.address}",
         command,
     ]
@@ -75,6 +84,7 @@ def test_inventory_is_the_design_contract_and_loads(shared_sandbox: Sandbox) -> 
     assert len({line.split()[2] for line in lines}) == len(box.hosts)
 
 
+@pytest.mark.docker
 def test_host_has_real_vllm_files_of_its_version_and_own_home(shared_sandbox: Sandbox) -> None:
     box = shared_sandbox
     probe = (
@@ -101,13 +111,14 @@ def test_host_has_real_vllm_files_of_its_version_and_own_home(shared_sandbox: Sa
             assert (pkg / rel).read_bytes() == vllm_file(host.vllm, rel).read_bytes()
 
 
+@pytest.mark.docker
 def test_eagle3_interface_differs_between_017_and_018(shared_sandbox: Sandbox) -> None:
     box = shared_sandbox
     found = {}
     for host in box.hosts[:2]:
         cmd = (
             f"{shlex.quote(host.python)} -c 'import importlib.util as u;"
-            "print(u.find_spec(\"vllm\").submodule_search_locations[0])'"
+            'print(u.find_spec("vllm").submodule_search_locations[0])\''
         )
         pkg = ssh(box, host.name, cmd).stdout.strip()
         target = f"{pkg}/model_executor/models/deepseek_v2.py"
@@ -117,11 +128,15 @@ def test_eagle3_interface_differs_between_017_and_018(shared_sandbox: Sandbox) -
     assert found["0.18.0"] > 0
 
 
+@pytest.mark.docker
 def test_nvidia_smi_stand_in_reports_eight_b200(shared_sandbox: Sandbox) -> None:
     box = shared_sandbox
     host = box.hosts[0]
-    res = ssh(box, host.name, "nvidia-smi --query-gpu=index,name,memory.total,memory.used "
-                              "--format=csv,noheader")
+    res = ssh(
+        box,
+        host.name,
+        "nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader",
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     rows = [line.split(", ") for line in res.stdout.splitlines()]
     assert [r[0] for r in rows] == [str(i) for i in range(8)]
@@ -132,6 +147,7 @@ def test_nvidia_smi_stand_in_reports_eight_b200(shared_sandbox: Sandbox) -> None
     assert 'Field "bogus" is not a valid field to query.' in bad.stdout
 
 
+@pytest.mark.docker
 def test_strict_client_refuses_a_key_not_pinned(shared_sandbox: Sandbox, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
@@ -140,6 +156,7 @@ def test_strict_client_refuses_a_key_not_pinned(shared_sandbox: Sandbox, tmp_pat
     assert "host key" in res.stderr.lower()
 
 
+@pytest.mark.docker
 def test_one_connection_per_ssh_invocation_is_logged(shared_sandbox: Sandbox) -> None:
     box = shared_sandbox
     name = box.hosts[2].name
@@ -158,10 +175,26 @@ def test_sftp_works_relative_to_the_host_home(shared_sandbox: Sandbox, tmp_path:
     batch = tmp_path / "batch"
     batch.write_text(f"put {local} sftp-probe.txt\nrm sftp-probe.txt\n")
     res = subprocess.run(
-        ["sftp", "-F", "/dev/null", "-b", str(batch), "-i", str(box.client_key_path),
-         "-o", f"UserKnownHostsFile={box.known_hosts_path}", "-o", "StrictHostKeyChecking=yes",
-         "-P", str(host.port), f"{box.state.user}@{host.address}"],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            "sftp",
+            "-F",
+            "/dev/null",
+            "-b",
+            str(batch),
+            "-i",
+            str(box.client_key_path),
+            "-o",
+            f"UserKnownHostsFile={box.known_hosts_path}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-P",
+            str(host.port),
+            f"{box.state.user}@{host.address}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert res.returncode == 0, res.stderr
     if box.state.backend == "local":
@@ -172,6 +205,7 @@ def test_sftp_works_relative_to_the_host_home(shared_sandbox: Sandbox, tmp_path:
 
 
 @pytest.mark.sandbox(hosts=2, vllm=("0.17.0",))
+@pytest.mark.docker
 def test_stop_and_start_a_host_keeps_address_and_key(sandbox: Sandbox) -> None:
     name = sandbox.hosts[0].name
     other = sandbox.hosts[1].name
@@ -192,11 +226,23 @@ def test_kill_host_mid_session_ends_the_session(sandbox: Sandbox) -> None:
         pytest.skip("process-level checks apply to the local backend")
     name = sandbox.hosts[0].name
     host = sandbox.host(name)
-    argv = ["ssh", "-F", "/dev/null", "-i", str(sandbox.client_key_path),
-            "-o", f"UserKnownHostsFile={sandbox.known_hosts_path}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
-            "-p", str(host.port), f"{sandbox.state.user}@{host.address}",
-            "echo started; sleep 120"]
+    argv = [
+        "ssh",
+        "-F",
+        "/dev/null",
+        "-i",
+        str(sandbox.client_key_path),
+        "-o",
+        f"UserKnownHostsFile={sandbox.known_hosts_path}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-p",
+        str(host.port),
+        f"{sandbox.state.user}@{host.address}",
+        "echo started; sleep 120",
+    ]
     mark = sandbox.log_marks()[name]
     client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -218,6 +264,7 @@ def test_kill_host_mid_session_ends_the_session(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.sandbox(hosts=1, vllm=("0.18.0",))
+@pytest.mark.docker
 def test_rotated_host_key_is_refused_until_pinned_again(sandbox: Sandbox) -> None:
     name = sandbox.hosts[0].name
     before = sandbox.known_hosts_path.read_text()
@@ -258,9 +305,12 @@ def test_down_stops_exactly_what_up_started(
         # simulated server would) is stopped too; a pid file naming a process that does not
         # run in the host's home is left alone.
         host = mine.hosts[0]
-        started = ssh(mine, host.name,
-                      "setsid sleep 300 </dev/null >/dev/null 2>&1 & "
-                      "echo $! > ~/.fleet-sandbox/run/workload.pid; echo $!")
+        started = ssh(
+            mine,
+            host.name,
+            "setsid sleep 300 </dev/null >/dev/null 2>&1 & "
+            "echo $! > ~/.fleet-sandbox/run/workload.pid; echo $!",
+        )
         workload = ProcessRecord.of(int(started.stdout.strip()))
         assert workload is not None and workload.alive()
         (Path(mine.hosts[1].home) / ".fleet-sandbox" / "run" / "stranger.pid").write_text(
@@ -318,14 +368,30 @@ def test_down_never_signals_a_recycled_pid(sandbox: Sandbox) -> None:
 def _fleet(*args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fleet", *args],
-        capture_output=True, text=True, timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
 def test_cli_up_status_down(tmp_path: Path) -> None:
     d = tmp_path / "cli box"  # a space in the directory is fine
-    up = _fleet("--json", "sandbox", "up", "--hosts", "3", "--vllm", "0.17.0",
-                "--vllm", "0.18.0", "--load-seconds", "1.5", "--dir", str(d))
+    up = _fleet(
+        "--json",
+        "sandbox",
+        "up",
+        "--hosts",
+        "3",
+        "--vllm",
+        "0.17.0",
+        "--vllm",
+        "0.18.0",
+        "--load-seconds",
+        "1.5",
+        "--dir",
+        str(d),
+    )
     try:
         assert up.returncode == 0, up.stderr
         doc = json.loads(up.stdout)
@@ -422,7 +488,7 @@ def test_up_cleans_up_when_a_host_cannot_start(
 
     monkeypatch.setattr(local.LocalBackend, "start", flaky_start)
     with pytest.raises(OperationFailed, match="sandbox-02: sshd did not start"):
-        Sandbox.up(tmp_path / "box", hosts=3, versions=["0.17.0"], workers=1)
+        Sandbox.up(tmp_path / "box", hosts=3, versions=["0.17.0"], workers=1, backend="local")
     box = Sandbox(tmp_path / "box")
     assert box.exists()
     assert not any(s.running for s in box.status())

@@ -3,39 +3,27 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
 
-from fleet.inventory import load_inventory
 from fleet.sandbox.core import Sandbox
-from fleet.transport import Session
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.docker]  # also in the docker stage
 
 HOSTILE = "we ird 'q\" ; $(touch PWNED1) `touch PWNED2` | touch PWNED3 & #.py"
 SESSION_RE = re.compile(r"Starting session: ")
 
 
 def fleet(box: Sandbox, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", FLEET_CONNECT_ATTEMPTS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "fleet", "--inventory", str(box.inventory_path), *args],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
-    )
+    return box.run_fleet(*args)
 
 
 def on_host(box: Sandbox, name: str, command: str) -> str:
     """Run a shell command on a sandbox host through fleet's own transport."""
-    inventory = load_inventory(box.inventory_path)
-    with Session(inventory) as session:
-        res = session.connect(inventory.hosts[name]).run(command, timeout=60)
-    assert res.ok, res.stderr
-    return res.stdout
+    return box.on_host(name, command, timeout=60).stdout
 
 
 def vllm_dir(box: Sandbox, name: str) -> str:
@@ -61,12 +49,19 @@ def test_show_groups_identical_hosts_and_numbers_lines(shared_sandbox: Sandbox) 
     assert any(line.startswith(f"==> {', '.join(new)}: ") for line in lines)
     for host in box.hosts:  # one connection, one command per host
         assert box.connection_count(host.name, since=marks[host.name]) == 1
-        assert len(SESSION_RE.findall(box.sshd_log(host.name)[marks[host.name]:])) == 1
+        assert len(SESSION_RE.findall(box.sshd_log(host.name)[marks[host.name] :])) == 1
 
 
 def test_show_json(shared_sandbox: Sandbox) -> None:
-    res = fleet(shared_sandbox, "--json", "source", "show", "--host", "all",
-                "model_executor/models/kimi_k25.py:315-321")
+    res = fleet(
+        shared_sandbox,
+        "--json",
+        "source",
+        "show",
+        "--host",
+        "all",
+        "model_executor/models/kimi_k25.py:315-321",
+    )
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     for host in shared_sandbox.hosts:
@@ -80,16 +75,36 @@ def test_show_json(shared_sandbox: Sandbox) -> None:
 
 def test_grep_prefixed_by_host_and_json(shared_sandbox: Sandbox) -> None:
     box = shared_sandbox
-    res = fleet(box, "source", "grep", "--host", "all", r"^\s+SupportsEagle3,",
-                "model_executor/models/deepseek_v2.py")
+    res = fleet(
+        box,
+        "source",
+        "grep",
+        "--host",
+        "all",
+        r"^\s+SupportsEagle3,",
+        "model_executor/models/deepseek_v2.py",
+    )
     assert res.returncode == 0, res.stderr
     new = {h.name for h in box.hosts if h.vllm == "0.18.0"}
     hits = [line.split(": ", 1) for line in res.stdout.splitlines()]
     assert {host for host, _ in hits} == new
     assert all(rest.startswith("model_executor/models/deepseek_v2.py:") for _, rest in hits)
 
-    res = fleet(box, "--json", "source", "grep", "--host", "all", "-i", "-m", "1",
-                "--include", "*.py", "set_AUX_hidden_state_layers", "model_executor/models")
+    res = fleet(
+        box,
+        "--json",
+        "source",
+        "grep",
+        "--host",
+        "all",
+        "-i",
+        "-m",
+        "1",
+        "--include",
+        "*.py",
+        "set_AUX_hidden_state_layers",
+        "model_executor/models",
+    )
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert set(doc) == {"matches", "hosts"}
@@ -137,18 +152,23 @@ def test_hostile_names_and_regexes_are_inert_over_ssh(sandbox: Sandbox) -> None:
     tree = vllm_dir(sandbox, name)
     target = f"{tree}/model_executor/models/{HOSTILE}"
     on_host(
-        sandbox, name,
+        sandbox,
+        name,
         f"printf '%s\\n' first '$(touch PWNED4) `touch PWNED5`' third > {shlex.quote(target)}",
     )
-    res = fleet(sandbox, "--json", "source", "show", "--host", name,
-                f"model_executor/models/{HOSTILE}:1-3")
+    res = fleet(
+        sandbox, "--json", "source", "show", "--host", name, f"model_executor/models/{HOSTILE}:1-3"
+    )
     assert res.returncode == 0, res.stderr
     entry = json.loads(res.stdout)["hosts"][name]
     assert [line["text"] for line in entry["lines"]] == [
-        "first", "$(touch PWNED4) `touch PWNED5`", "third"
+        "first",
+        "$(touch PWNED4) `touch PWNED5`",
+        "third",
     ]
-    res = fleet(sandbox, "--json", "source", "grep", "--host", name, "-F",
-                "$(touch PWNED4) `touch PWNED5`")
+    res = fleet(
+        sandbox, "--json", "source", "grep", "--host", name, "-F", "$(touch PWNED4) `touch PWNED5`"
+    )
     assert res.returncode == 0, res.stderr
     matches = json.loads(res.stdout)["matches"]
     assert [(m["path"], m["line"]) for m in matches] == [(f"model_executor/models/{HOSTILE}", 2)]

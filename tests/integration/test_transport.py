@@ -4,6 +4,7 @@ sshd killed mid-run, ProxyJump through a bastion, one connection per host, Ctrl-
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from fleet.transport import Session, fan_out
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.docker
 def test_ping_all(shared_sandbox: Sandbox) -> None:
     proc = shared_sandbox.run_fleet("ping", "--host", "all", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -33,6 +35,7 @@ def test_ping_all(shared_sandbox: Sandbox) -> None:
 
 
 @pytest.mark.sandbox(hosts=2, vllm=("0.17.0",), pinned=False)
+@pytest.mark.docker
 def test_trust_flow(sandbox: Sandbox) -> None:
     first, second = (h.name for h in sandbox.hosts)
     kh = sandbox.known_hosts_path
@@ -139,7 +142,9 @@ def test_sshd_killed_mid_run(sandbox: Sandbox) -> None:
 
         killer = threading.Thread(target=kill_when_running)
         killer.start()
-        outcomes = fan_out(session, hosts, lambda c: c.run("sleep 5; echo done", timeout=30).stdout)
+        outcomes = fan_out(
+            session, hosts, lambda c: c.run(["sh", "-c", "sleep 5; echo done"], timeout=30).stdout
+        )
         killer.join()
     by = {o.host: o for o in outcomes}
     assert by[victim].status == "unreachable"
@@ -234,7 +239,7 @@ def test_ctrl_c_closes_every_connection(shared_sandbox: Sandbox) -> None:
                 sys.stdout.flush()
         try:
             fan_out(session, list(inv.hosts.values()),
-                    lambda c: (say("started"), c.run("sleep 60")))
+                    lambda c: (say("started"), c.run(["sleep", "60"])))
         except KeyboardInterrupt:
             print("interrupted", flush=True)
             sys.exit(130)
@@ -291,3 +296,17 @@ def test_ssh_config_is_honoured(shared_sandbox: Sandbox, tmp_path: Path) -> None
         env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_vv_logs_every_remote_command_with_host_exit_duration_and_bytes(
+    shared_sandbox: Sandbox,
+) -> None:
+    name = shared_sandbox.hosts[0].name
+    proc = shared_sandbox.run_fleet("-vv", "inspect", "--host", name)
+    assert proc.returncode == 0, proc.stderr
+    lines = [
+        line for line in proc.stderr.splitlines() if "fleet.transport" in line and ": exit " in line
+    ]
+    assert lines, proc.stderr
+    assert re.search(rf"{name}: exit 0 in \d+\.\d+s, \d+ bytes: sh -c 'exec ", lines[0])
+    assert "Traceback" not in proc.stderr

@@ -121,8 +121,12 @@ def test_required_literals(pattern: str, expected: list[str]) -> None:
     got = required_literals(pattern)
     assert sorted(got) == sorted(expected)
     for lit in got:  # every match contains one of them
-        for sample in ("The model's max seq len (1) is larger", "Eagle3 is only supported for",
-                       "CUDA out of memory", "HIP out of memory"):
+        for sample in (
+            "The model's max seq len (1) is larger",
+            "Eagle3 is only supported for",
+            "CUDA out of memory",
+            "HIP out of memory",
+        ):
             if re.search(pattern, sample):
                 assert any(lit in sample for lit in got)
 
@@ -163,7 +167,8 @@ def test_grep_prefilter_selects_every_line_the_engine_matches(tmp_path: Path) ->
     log.write_text("\n".join(lines) + "\n", encoding="utf-8")
     res = subprocess.run(
         ["grep", "-a", "-n", "-E", "-e", prefilter_regex(cat), str(log)],
-        capture_output=True, check=False,
+        capture_output=True,
+        check=False,
     )
     assert res.returncode == 0, res.stderr
     kept = {int(x.split(b":", 1)[0]) for x in res.stdout.splitlines()}

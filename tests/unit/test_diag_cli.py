@@ -17,8 +17,13 @@ def fleet(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[st
     env = dict(os.environ, COLUMNS="120")
     env.pop("FLEET_INVENTORY", None)
     return subprocess.run(
-        [sys.executable, "-m", "fleet", *args], capture_output=True, text=True,
-        timeout=120, env=env, cwd=cwd, check=False,
+        [sys.executable, "-m", "fleet", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=cwd,
+        check=False,
     )
 
 
@@ -46,8 +51,10 @@ def test_diagnose_local_file_for_people() -> None:
 
 def test_clean_file_exits_zero(tmp_path: Path) -> None:
     log = tmp_path / "ok.log"
-    log.write_text("(APIServer pid=1) INFO 11-02 10:14:01 [a.py:1] vLLM API server version 0.17.0\n"
-                   "(APIServer pid=1) INFO:     Application startup complete.\n")
+    log.write_text(
+        "(APIServer pid=1) INFO 11-02 10:14:01 [a.py:1] vLLM API server version 0.17.0\n"
+        "(APIServer pid=1) INFO:     Application startup complete.\n"
+    )
     res = fleet("--json", "logs", "--file", str(log), "--diagnose")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["diagnoses"] == []
@@ -190,16 +197,14 @@ def test_hosts_json_has_one_ranked_diagnoses_list() -> None:
 # --------------------------------------------------------------------------- markup
 
 
-def test_host_strings_are_not_rich_markup(
-    tmp_path: Path, capsys: Any, monkeypatch: Any
-) -> None:
+def test_host_strings_are_not_rich_markup(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
     import fleet.cli.render as render
     from fleet.cli.cmd_logs import _render_outcome, render_diagnoses
     from fleet.diagnosis import diagnose_text
     from fleet.transport import HostOutcome
 
     monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setattr(render, "_console", None)
+    out_console = render.make_console()
     evil = "[/x]"
     log = tmp_path / "l.log"
     log.write_text(
@@ -210,10 +215,12 @@ def test_host_strings_are_not_rich_markup(
     ok = _remote(evil, log, diags)
     ok.path = "/tmp/[/]x\\"
     ok.notes.append("[/note]")
-    _render_outcome(HostOutcome(evil, "ok", value=ok))
-    _render_outcome(HostOutcome(evil, "failed", error="[/red] boom \\", hint="[/dim]"))
-    render_diagnoses(diags * 2, where=evil, lines=None)
-    render_diagnoses([], where=evil + "\\", lines=3)
+    _render_outcome(out_console, evil, ok)
+    render.failure_lines(
+        out_console, [HostOutcome(evil, "failed", error="[/red] boom \\", hint="[/dim]")]
+    )
+    render_diagnoses(out_console, diags * 2, where=evil, lines=None)
+    render_diagnoses(out_console, [], where=evil + "\\", lines=3)
     out = capsys.readouterr().out
     assert f"{evil}: [/red] boom" in out
     assert "[/bold] at [red]x[/red]" in out and "/tmp/[/]x" in out and "[/note]" in out

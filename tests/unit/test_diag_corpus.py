@@ -100,8 +100,9 @@ def test_file_scanner_agrees_with_the_engine(path: Path) -> None:
     assert _summary(diagnose_file(path).diagnoses) == expected
 
 
-@pytest.mark.skipif(shutil.which("grep") is None or shutil.which("awk") is None,
-                    reason="grep/awk not installed")
+@pytest.mark.skipif(
+    shutil.which("grep") is None or shutil.which("awk") is None, reason="grep/awk not installed"
+)
 @pytest.mark.parametrize("path", _all_logs(), ids=lambda p: p.name)
 def test_remote_filter_pipeline_agrees_on_the_primary(path: Path) -> None:
     """The exact command fleet runs on a host, run here by sh: same primary diagnosis."""

@@ -130,7 +130,10 @@ def test_symptoms_rank_after_causes_and_before_unexplained_exceptions() -> None:
     unknown = "(Worker_TP5 pid=15) RuntimeError: something nobody has seen"
     assert ids([unknown, died, dead]) == ["worker-died", "engine-dead", "unrecognized-error"]
     assert ids([unknown, died, dead, P + OOM]) == [
-        "cuda-oom", "worker-died", "engine-dead", "unrecognized-error",
+        "cuda-oom",
+        "worker-died",
+        "engine-dead",
+        "unrecognized-error",
     ]
 
 
@@ -148,7 +151,9 @@ def test_interleaved_workers_keep_their_own_exception_blocks() -> None:
     ]
     result = diagnose(lines)
     assert [d.id for d in result] == [
-        "eagle3-target-not-allowlisted", "spec-config-invalid", "unrecognized-error",
+        "eagle3-target-not-allowlisted",
+        "spec-config-invalid",
+        "unrecognized-error",
     ]
     assert result[2].evidence[0].line == 2
 
@@ -178,15 +183,19 @@ def test_context_condition_separates_drafter_from_checkpoint() -> None:
         load,
     ]
     assert ids(with_eagle) == ["drafter-incompatible"]
-    assert ids([
-        '  File "/x/vllm/model_executor/models/deepseek_v2.py", line 1402, in load_weights',
-        load,
-    ]) == ["checkpoint-corrupt"]
+    assert ids(
+        [
+            '  File "/x/vllm/model_executor/models/deepseek_v2.py", line 1402, in load_weights',
+            load,
+        ]
+    ) == ["checkpoint-corrupt"]
 
 
 def test_info_lines_only_match_info_patterns() -> None:
     assert diagnose(["INFO 11-02 10:15:01 [x.py:1] No available memory for the cache blocks"]) == []
-    result = diagnose(["INFO 11-02 10:15:01 [executor_base.py:112] # GPU blocks: 0, # CPU blocks: 2048"])
+    result = diagnose(
+        ["INFO 11-02 10:15:01 [executor_base.py:112] # GPU blocks: 0, # CPU blocks: 2048"]
+    )
     assert [d.id for d in result] == ["kv-cache-no-memory"]
 
 
@@ -203,7 +212,9 @@ def test_folded_terminal_lines_are_joined() -> None:
     msg = P + KV
     width = 80
     folded = [msg[i : i + width] for i in range(0, len(msg), width)]
-    filler = ["x" * width] * 0 + [f"INFO 11-02 10:14:0{i} [a.py:1] {'y' * 70}"[:width] for i in range(6)]
+    filler = ["x" * width] * 0 + [
+        f"INFO 11-02 10:14:0{i} [a.py:1] {'y' * 70}"[:width] for i in range(6)
+    ]
     result = diagnose([*filler, *folded])
     assert result and result[0].id == "kv-cache-too-small"
     assert result[0].evidence[0].line == len(filler) + 1

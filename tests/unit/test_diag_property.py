@@ -22,8 +22,11 @@ HEALTHY = [
     "Loading safetensors checkpoint shards:  45% Completed | 29/64 [01:02<01:15,  2.15s/it]",
     "",
 ]
-SETTINGS = settings(max_examples=60, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 def corpus_lines() -> list[str]:
@@ -49,7 +52,9 @@ def test_binary_garbage_never_crashes(data: bytes) -> None:
 
 @SETTINGS
 @given(st.binary(max_size=5000))
-def test_invalid_utf8_file_never_crashes(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+def test_invalid_utf8_file_never_crashes(
+    tmp_path_factory: pytest.TempPathFactory, data: bytes
+) -> None:
     path = tmp_path_factory.mktemp("garbage") / "x.log"
     path.write_bytes(b"\xff\xfe" + data + b"\n\x80ERROR: \xc3(\n" + data)
     result = diagnose_file(path)
@@ -89,7 +94,9 @@ def test_ten_megabyte_single_line(tmp_path: Path) -> None:
 def test_very_long_line_between_normal_lines(tmp_path: Path) -> None:
     path = tmp_path / "mixed.log"
     path.write_bytes(
-        b"INFO 11-02 10:14:01 [a.py:1] ok\n" + b"y" * (9 * 1024 * 1024) + b"\n"
+        b"INFO 11-02 10:14:01 [a.py:1] ok\n"
+        + b"y" * (9 * 1024 * 1024)
+        + b"\n"
         + b"ValueError: No available memory for the cache blocks.\n"
     )
     result = diagnose_file(path)
@@ -99,12 +106,15 @@ def test_very_long_line_between_normal_lines(tmp_path: Path) -> None:
 
 @SETTINGS
 @given(st.data())
-def test_file_scanner_equals_engine_on_random_logs(tmp_path_factory: pytest.TempPathFactory,
-                                                   data: st.DataObject) -> None:
+def test_file_scanner_equals_engine_on_random_logs(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
     """Skipping INFO lines without decoding them never changes the result."""
     n = data.draw(st.integers(min_value=0, max_value=120))
     pool = CORPUS_LINES + HEALTHY * 20
-    idx = data.draw(st.lists(st.integers(min_value=0, max_value=len(pool) - 1), min_size=n, max_size=n))
+    idx = data.draw(
+        st.lists(st.integers(min_value=0, max_value=len(pool) - 1), min_size=n, max_size=n)
+    )
     lines = [pool[i] for i in idx]
     path = tmp_path_factory.mktemp("mix") / "mix.log"
     path.write_text("\n".join(lines) + ("\n" if data.draw(st.booleans()) else ""), encoding="utf-8")

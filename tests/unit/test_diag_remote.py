@@ -5,8 +5,6 @@ COMMAND``), so the byte caps, the one-snapshot line numbering and the ``sh -c`` 
 are checked on the real ``grep``/``awk``/``tail``; nothing of the code under test is mocked.
 """
 
-# ruff: noqa: E501  (real vLLM messages are long lines)
-
 from __future__ import annotations
 
 import os
@@ -16,15 +14,14 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from fleet.diagnosis import Engine
 from fleet.diagnosis import remote as R
-from fleet.transport import Result
+from fleet.inventory import HostSpec
+from fleet.transport import LocalRunner
 
 OOM = (
     "(EngineCore_DP0 pid=7) ERROR 11-02 10:15:01 [core.py:708] torch.OutOfMemoryError: CUDA out "
@@ -38,27 +35,11 @@ KV = (
 INFO = "(APIServer pid=1) INFO 11-02 10:14:01 [api_server.py:1] line {n}"
 
 
-@dataclass
-class _Host:
-    name: str = "local"
-    python: str = "python3"
-
-
-@dataclass
-class LocalConnection:
-    """Runs commands as ``<shell> -c COMMAND`` (what sshd does with the login shell)."""
-
-    shell: str = "sh"
-    env: dict[str, str] | None = None
-    host: _Host = field(default_factory=_Host)
-    commands: list[str] = field(default_factory=list)
-
-    def run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> Result:
-        self.commands.append(command)
-        proc = subprocess.run([self.shell, "-c", command], input=stdin, capture_output=True,
-                              env=self.env, timeout=timeout)
-        return Result(self.host.name, command, proc.returncode, proc.stdout, proc.stderr, 0.0,
-                      bytes_received=len(proc.stdout) + len(proc.stderr))
+def LocalConnection(shell: str = "sh", env: dict[str, str] | None = None) -> LocalRunner:
+    """This machine as the host: ``<login shell> -c COMMAND``, as sshd runs it."""
+    return LocalRunner(
+        HostSpec(name="local", python="python3"), env=env, login_shell=str(shutil.which(shell))
+    )
 
 
 def shells() -> list[str]:
@@ -86,19 +67,20 @@ def test_every_remote_command_is_one_sh_word(tmp_path: Path) -> None:
 
 def test_port_holder_runs_under_sh() -> None:
     conn = LocalConnection()
-    R.port_holder(conn, "8000")  # type: ignore[arg-type]
+    R.port_holder(conn, "8000")
     assert conn.commands and shlex.split(conn.commands[0])[:2] == ["sh", "-c"]
+    assert R.port_holder(conn, "²") is None and R.port_holder(conn, "99999") is None
 
 
 @pytest.mark.parametrize("shell", shells())
 def test_grep_and_tail_commands_under_any_login_shell(shell: str, tmp_path: Path) -> None:
     """The same answer whatever the login shell is (fish and csh cannot run ``$((..))``,
     ``2>/dev/null`` or ``if ...; then`` themselves)."""
-    log = tmp_path / "it's a \"log\" $x.log"
+    log = tmp_path / 'it\'s a "log" $x.log'
     lines = [INFO.format(n=n) for n in range(1, 40)] + [KV]
     log.write_text("\n".join(lines) + "\n")
     conn = LocalConnection(shell=shell)
-    result = R.diagnose_remote(conn, str(log), tail=10)  # type: ignore[arg-type]
+    result = R.diagnose_remote(conn, str(log), tail=10)
     assert [d.id for d in result.diagnoses][:1] == ["kv-cache-no-memory"]
     assert result.diagnoses[0].evidence[0].line == 40
     assert result.file_size == log.stat().st_size
@@ -124,7 +106,7 @@ def test_every_line_a_candidate_is_capped_in_bytes(tmp_path: Path) -> None:
     size = log.stat().st_size
     conn = LocalConnection()
     cap = 32 * 1024
-    result = R.diagnose_remote(conn, str(log), head_bytes=cap, tail_bytes=cap)  # type: ignore[arg-type]
+    result = R.diagnose_remote(conn, str(log), head_bytes=cap, tail_bytes=cap)
     assert result.bytes_received < 0.01 * size
     assert result.truncated and result.dropped_lines > 0
     assert any("skipped" in note for note in result.notes)
@@ -159,8 +141,8 @@ def _growing_wc(bin_dir: Path, log: Path) -> dict[str, str]:
     assert real
     wc = bin_dir / "wc"
     wc.write_text(
-        f"#!/bin/sh\n{real} \"$@\"\nrc=$?\n"
-        f"for i in 1 2 3 4 5; do echo \"grown $i\" >> {shlex.quote(str(log))}; done\nexit $rc\n"
+        f'#!/bin/sh\n{real} "$@"\nrc=$?\n'
+        f'for i in 1 2 3 4 5; do echo "grown $i" >> {shlex.quote(str(log))}; done\nexit $rc\n'
     )
     wc.chmod(wc.stat().st_mode | stat.S_IXUSR)
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(log.parent)}
@@ -184,7 +166,7 @@ def test_diagnose_tail_numbers_come_from_one_snapshot(tmp_path: Path) -> None:
     log = tmp_path / "live.log"
     log.write_text("".join(INFO.format(n=n) + "\n" for n in range(1, 21)) + KV + "\n")
     conn = LocalConnection(env=_growing_wc(tmp_path / "bin", log))
-    result = R.diagnose_remote(conn, str(log), tail=4)  # type: ignore[arg-type]
+    result = R.diagnose_remote(conn, str(log), tail=4)
     assert len(log.read_text().splitlines()) > 21
     assert result.diagnoses[0].id == "kv-cache-no-memory"
     assert result.diagnoses[0].evidence[0].line == 21
@@ -203,8 +185,12 @@ def test_follow_starts_where_the_snapshot_ends(tmp_path: Path) -> None:
     log = tmp_path / "f.log"
     log.write_text("".join(f"l{n}\n" for n in range(1, 11)) + "l11-start")
     env = _growing_wc(tmp_path / "bin", log)
-    proc = subprocess.Popen(["sh", "-c", R.follow_command(str(log), 3)], stdout=subprocess.PIPE,
-                            env=env)
+    proc = subprocess.Popen(  # stdin held open: the follow ends when it closes
+        ["sh", "-c", R.follow_command(str(log), 3)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
     data = b""
     try:
         assert proc.stdout is not None
@@ -230,18 +216,9 @@ def test_follow_starts_where_the_snapshot_ends(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- follow cost (6)
 
 
-@dataclass
-class StreamConnection:
-    """A connection whose stream is a recorded ``tail -F`` output."""
-
-    lines: list[str]
-    host: _Host = field(default_factory=_Host)
-
-    def stream(self, command: str, timeout: float | None = None) -> Iterator[str]:
-        return iter(self.lines)
-
-
-def test_follow_recomputes_results_only_for_new_findings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_follow_recomputes_results_only_for_new_findings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     calls = {"n": 0}
     original = Engine.results
 
@@ -253,10 +230,11 @@ def test_follow_recomputes_results_only_for_new_findings(monkeypatch: pytest.Mon
     body = [INFO.format(n=n) for n in range(1, 50)]
     body += [f"{OOM} repeat {n}" for n in range(3000)]  # one finding, 3000 matching lines
     body += [INFO.format(n=n) for n in range(50, 100)] + [KV]
-    conn = StreamConnection(["#fleet size=1 offset=100", *body])
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"l{n}\n" for n in range(100)) + "\n".join(body) + "\n")
     fresh_ids: list[tuple[int, str]] = []
     count = 0
-    for n, _text, fresh in R.follow(conn, "x.log"):  # type: ignore[arg-type]
+    for n, _text, fresh in R.follow(LocalConnection(), str(log), lines=len(body), timeout=3):
         count += 1
         fresh_ids += [(n, d.id) for d in fresh]
     assert count == len(body)
@@ -268,4 +246,27 @@ def test_follow_of_an_unreadable_file_fails() -> None:
     from fleet.errors import OperationFailed
 
     with pytest.raises(OperationFailed, match="cannot read"):
-        list(R.follow(StreamConnection([]), "x.log"))  # type: ignore[arg-type]
+        list(R.follow(LocalConnection(), "/no/such/x.log", timeout=3))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_special_files_are_refused_at_once(kind: str, tmp_path: Path) -> None:
+    """A FIFO or /dev/zero would block or never end on the host: refused, not read."""
+    from fleet.errors import OperationFailed
+
+    if kind == "fifo":
+        path = tmp_path / "log.fifo"
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/zero")  # only read, never written
+    else:
+        path = tmp_path
+    started = time.monotonic()
+    for call in (
+        lambda: R.diagnose_remote(LocalConnection(), str(path), timeout=30),
+        lambda: R.tail_lines(LocalConnection(), str(path), 5, timeout=30),
+    ):
+        with pytest.raises(OperationFailed, match=r"not a regular file|cannot read") as info:
+            call()
+        assert info.value.code == "log-not-found"
+    assert time.monotonic() - started < 10

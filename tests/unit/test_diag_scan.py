@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleet.diagnosis import diagnose_text
-from fleet.diagnosis.scan import _tail_offset, diagnose_file, iter_candidates
+from fleet.diagnosis.scan import diagnose_file, iter_candidates, tail_offset
 
 INFO = "(APIServer pid=1) INFO 11-02 10:22:00 [loggers.py:123] Engine 000: Avg prompt throughput: 1.0 tokens/s"
 LOAD = "AssertionError: Attempted to load weight (torch.Size([7168, 21504])) into parameter (torch.Size([4096, 12288]))"
@@ -47,7 +47,9 @@ def test_ansi_coloured_info_prefix(tmp_path: Path) -> None:
 
 def test_context_line_at_info_level_far_from_the_error(tmp_path: Path) -> None:
     """``Loading drafter model...`` is an INFO line; the drafter rule needs it as context."""
-    drafter = "(Worker_TP0 pid=9) INFO 11-02 10:21:10 [gpu_model_runner.py:4370] Loading drafter model..."
+    drafter = (
+        "(Worker_TP0 pid=9) INFO 11-02 10:21:10 [gpu_model_runner.py:4370] Loading drafter model..."
+    )
     log = tmp_path / "ctx.log"
     log.write_text("\n".join([drafter, *[INFO] * 40, LOAD]) + "\n")
     assert same(log) == [("drafter-incompatible", [42])]
@@ -72,9 +74,9 @@ def test_candidate_numbering_across_chunks(tmp_path: Path, monkeypatch: pytest.M
 def test_tail_offsets(tmp_path: Path, ending: str) -> None:
     log = tmp_path / "t.log"
     log.write_text("\n".join(f"l{i}" for i in range(1, 101)) + ending)
-    offset, first = _tail_offset(log, 10)
+    offset, first = tail_offset(log, 10)
     assert first == 91
     assert log.read_bytes()[offset:].startswith(b"l91\n")
-    assert _tail_offset(log, 500) == (0, 1)
+    assert tail_offset(log, 500) == (0, 1)
     result = diagnose_file(log, tail=10)
     assert result.lines == 10

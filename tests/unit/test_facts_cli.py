@@ -29,11 +29,16 @@ def facts(version: str, supported: bool) -> HostFacts:
         hostname="gpu-01",
         python="3.12.3",
         vllm=VllmFacts(
-            installed=True, version=version, path="/env/vllm", eagle3=eagle3,
+            installed=True,
+            version=version,
+            path="/env/vllm",
+            eagle3=eagle3,
             eagle3_allowlist=Eagle3Allowlist(present=True, deepseek=supported, kimi=supported),
         ),
-        gpus=[GpuInfo(index=i, name="NVIDIA B200", memory_total_mib=183359, memory_used_mib=0)
-              for i in range(8)],
+        gpus=[
+            GpuInfo(index=i, name="NVIDIA B200", memory_total_mib=183359, memory_used_mib=0)
+            for i in range(8)
+        ],
         driver="570.133.20",
         nvidia_smi="ok",
         servers=[VllmServer(pid=42, argv=["vllm", "serve", "m", "--port", "8000"], port=8000)],
@@ -60,13 +65,20 @@ def test_json_contract() -> None:
         "KimiK25ForConditionalGeneration": False,
     }
     assert ok["gpus"][0] == {
-        "index": 0, "name": "NVIDIA B200", "memory_total_mib": 183359, "memory_used_mib": 0,
+        "index": 0,
+        "name": "NVIDIA B200",
+        "memory_total_mib": 183359,
+        "memory_used_mib": 0,
         "driver_version": None,
     }
     assert ok["python"] == "3.12.3"
     assert doc["hosts"]["b200-02"]["vllm"]["eagle3"]["KimiK25ForConditionalGeneration"] is True
     assert doc["hosts"]["b200-03"] == {
-        "ok": False, "status": "unreachable", "error": "cannot connect to 10.0.0.13:22: refused"
+        "ok": False,
+        "changed": False,
+        "status": "unreachable",
+        "code": None,
+        "error": "cannot connect to 10.0.0.13:22: refused",
     }
     assert doc["hosts"]["b200-04"]["ok"] is False and doc["hosts"]["b200-04"]["hint"]
 
@@ -78,13 +90,13 @@ def test_json_round_trips_into_the_model() -> None:
 
 
 @pytest.mark.parametrize("details", [False, True])
-def test_render_for_people(details: bool, capsys: pytest.CaptureFixture[str],
-                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_render_for_people(
+    details: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import fleet.cli.render as render
 
     monkeypatch.setenv("COLUMNS", "160")
-    monkeypatch.setattr(render, "_console", None)
-    render_outcomes(OUTCOMES, details)
+    render_outcomes(render.make_console(), OUTCOMES, details)
     out = capsys.readouterr().out
     rows = {line.split()[0]: line for line in out.splitlines() if line.strip().startswith("b200")}
     assert "0.17.0" in rows["b200-01"] and "✗ ✗ ✗" in rows["b200-01"]
@@ -117,13 +129,13 @@ def test_inspect_unknown_host_is_usage_error(tmp_path: Path) -> None:
     assert run_cli(cli, ["--inventory", str(inventory), "inspect", "--host", "nope"]) == 2
 
 
-def test_host_strings_are_not_markup(capsys: pytest.CaptureFixture[str],
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_host_strings_are_not_markup(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Names, versions, GPU names, paths and errors come from hosts: printed literally."""
     import fleet.cli.render as render
 
     monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setattr(render, "_console", None)
     f = facts("[/x]", True)
     f.hostname = "[/hostname]"
     f.vllm.path = "/env/[/path]\\"
@@ -134,27 +146,37 @@ def test_host_strings_are_not_markup(capsys: pytest.CaptureFixture[str],
         HostOutcome("[/x]", "ok", value=f),
         HostOutcome("[/down]", "failed", error="[/red] boom\\", hint="[/dim]"),
     ]
-    render_outcomes(outcomes, True)
+    render_outcomes(render.make_console(), outcomes, True)
     out = capsys.readouterr().out
-    for literal in ("[/x]", "[/hostname]", "/env/[/path]", "[/bold]GPU", "[red]570",
-                    "[/err]", "[/down]: [/red] boom", "next: [/dim]"):
+    for literal in (
+        "[/x]",
+        "[/hostname]",
+        "/env/[/path]",
+        "[/bold]GPU",
+        "[red]570",
+        "[/err]",
+        "[/down]: [/red] boom",
+        "next: [/dim]",
+    ):
         assert literal in out, literal
 
 
-def test_no_secret_in_inspect_output(capsys: pytest.CaptureFixture[str],
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_secret_in_inspect_output(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import fleet.cli.render as render
 
     secret = "sk-inspectsecret0123456789abc"
     argv = ["/env/bin/vllm", "serve", "/models/m", "--port", "8000", "--api-key", secret]
-    doc = {"schema": 1, "parts": {"processes": {"value": {
-        "processes": [{"pid": 5, "argv": argv}], "uid": 0}}}}
+    doc = {
+        "schema": 1,
+        "parts": {"processes": {"value": {"processes": [{"pid": 5, "argv": argv}], "uid": 0}}},
+    }
     parsed = parse_facts(doc)
     assert parsed.servers[0].port == 8000
     outcomes = [HostOutcome("h", "ok", value=parsed)]
     assert secret not in json.dumps(inspect_json(outcomes))
     monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setattr(render, "_console", None)
-    render_outcomes(outcomes, True)
+    render_outcomes(render.make_console(), outcomes, True)
     out = capsys.readouterr().out
     assert "pid 5 port 8000" in out and secret not in out

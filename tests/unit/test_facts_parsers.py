@@ -62,7 +62,9 @@ def test_not_available_values_become_none() -> None:
 
     vgpu, v100 = parse_nvidia_smi(fixture_text("nvidia-smi/vgpu-not-supported.csv"))
     assert (vgpu.name, vgpu.memory_total_mib, vgpu.memory_used_mib) == (
-        "GRID A100D-40C", 40960, None
+        "GRID A100D-40C",
+        40960,
+        None,
     )
     assert (v100.name, v100.memory_used_mib) == ("Tesla V100-SXM2-32GB", 0)
     assert gpu_summary([vgpu, v100]) == (
@@ -178,18 +180,32 @@ def test_allowlist_011_shape_refuses_deepseek_and_kimi() -> None:
     assert allow.present and allow.name == "eagle3_target_supported"
     assert not allow.deepseek and not allow.kimi
     assert allow.admits == {
-        "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False, "kimi_k25": False
+        "deepseek_v2": False,
+        "deepseek_v3": False,
+        "kimi_k2": False,
+        "kimi_k25": False,
     }
 
 
 def test_allowlist_substring_semantics() -> None:
     # vLLM tests `entry in model_type`: "deepseek" admits every deepseek_* type, "kimi_k2"
     # also admits "kimi_k25"
-    raw = {"found": [{"file": "f", "name": "aux_hidden_states_supported", "line": 1,
-                      "entries": ["deepseek", "kimi_k2"]}]}
+    raw = {
+        "found": [
+            {
+                "file": "f",
+                "name": "aux_hidden_states_supported",
+                "line": 1,
+                "entries": ["deepseek", "kimi_k2"],
+            }
+        ]
+    }
     allow = parse_allowlist(raw)
     assert allow.admits == {
-        "deepseek_v2": True, "deepseek_v3": True, "kimi_k2": True, "kimi_k25": True
+        "deepseek_v2": True,
+        "deepseek_v3": True,
+        "kimi_k2": True,
+        "kimi_k25": True,
     }
     raw["found"][0]["entries"] = ["deepseek_v3"]
     allow = parse_allowlist(raw)
@@ -203,8 +219,9 @@ def test_no_allowlist_admits_everything() -> None:
 
 
 def test_allowlist_not_a_literal_list() -> None:
-    raw = {"found": [{"file": "f", "name": "aux_hidden_states_supported", "line": 3,
-                      "entries": None}]}
+    raw = {
+        "found": [{"file": "f", "name": "aux_hidden_states_supported", "line": 3, "entries": None}]
+    }
     allow = parse_allowlist(raw)
     assert allow.present and allow.entries is None and not allow.deepseek
 
@@ -213,17 +230,30 @@ def test_allowlist_not_a_literal_list() -> None:
 
 
 def test_supervisors() -> None:
-    sup = parse_supervisors({
-        "pid1": "systemd", "systemd_booted": True,
-        "tools": {"systemctl": "/usr/bin/systemctl", "supervisord": "/env/bin/supervisord",
-                  "supervisorctl": "/env/bin/supervisorctl"},
-    })
+    sup = parse_supervisors(
+        {
+            "pid1": "systemd",
+            "systemd_booted": True,
+            "tools": {
+                "systemctl": "/usr/bin/systemctl",
+                "supervisord": "/env/bin/supervisord",
+                "supervisorctl": "/env/bin/supervisorctl",
+            },
+        }
+    )
     assert sup.systemd and sup.available == ["systemd", "supervisord"]
     # in a container systemctl may exist while PID 1 is something else
-    sup = parse_supervisors({
-        "pid1": "tini", "systemd_booted": False,
-        "tools": {"systemctl": "/usr/bin/systemctl", "supervisord": None, "supervisorctl": None},
-    })
+    sup = parse_supervisors(
+        {
+            "pid1": "tini",
+            "systemd_booted": False,
+            "tools": {
+                "systemctl": "/usr/bin/systemctl",
+                "supervisord": None,
+                "supervisorctl": None,
+            },
+        }
+    )
     assert not sup.systemd and sup.available == []
 
 
@@ -248,9 +278,17 @@ def cmdline_sample() -> list[dict[str, Any]]:
     """/proc/PID/cmdline as the facts script reads it (NUL-separated, split), for a server
     started with its API key on the command line."""
     words = [
-        "/opt/ml-env/bin/python3", "/opt/ml-env/bin/vllm", "serve", "/models/Kimi-K2.5",
-        "--port", "8001", "--api-key", API_KEY, f"--hf-token={HF_TOKEN}",
-        "--tokenizer", "/models/tok",
+        "/opt/ml-env/bin/python3",
+        "/opt/ml-env/bin/vllm",
+        "serve",
+        "/models/Kimi-K2.5",
+        "--port",
+        "8001",
+        "--api-key",
+        API_KEY,
+        f"--hf-token={HF_TOKEN}",
+        "--tokenizer",
+        "/models/tok",
     ]
     raw = b"\0".join(w.encode() for w in words) + b"\0"
     argv = [a.decode() for a in raw.rstrip(b"\0").split(b"\0")]
@@ -268,8 +306,12 @@ def test_server_argv_is_redacted() -> None:
     assert server.argv[-2:] == ["--tokenizer", "/models/tok"]  # not a secret
     doc = json.dumps(server.model_dump(mode="json"))
     assert API_KEY not in doc and HF_TOKEN not in doc
-    facts = parse_facts({"schema": 1, "parts": {"processes": {"value": {
-        "processes": cmdline_sample(), "uid": 1000}}}})
+    facts = parse_facts(
+        {
+            "schema": 1,
+            "parts": {"processes": {"value": {"processes": cmdline_sample(), "uid": 1000}}},
+        }
+    )
     doc = json.dumps(facts.model_dump(mode="json"))
     assert API_KEY not in doc and HF_TOKEN not in doc
 
@@ -289,10 +331,12 @@ def test_not_servers(argv: list[str]) -> None:
 
 
 def test_disk() -> None:
-    disk, errors = parse_disk({
-        "home": {"path": "/home/u", "total": 100, "used": 60, "free": 40},
-        "vllm": {"path": "/opt/env/vllm", "error": "PermissionError: denied"},
-    })
+    disk, errors = parse_disk(
+        {
+            "home": {"path": "/home/u", "total": 100, "used": 60, "free": 40},
+            "vllm": {"path": "/opt/env/vllm", "error": "PermissionError: denied"},
+        }
+    )
     assert disk["home"].free_bytes == 40 and "vllm" not in disk
     assert errors == {"disk:vllm": "PermissionError: denied"}
 
@@ -305,16 +349,27 @@ def test_document_with_a_failed_part() -> None:
         "host": {"value": {"hostname": "b200-01"}},
         "python": {"value": {"version": "3.12.3", "executable": "/env/bin/python"}},
         "vllm": {"value": {"path": "/env/vllm", "version": "0.17.0"}},
-        "models": {"value": {"files": {
-            "model_executor/models/deepseek_v2.py": {"classes": {
-                "DeepseekV2ForCausalLM": cls("nn.Module", "SupportsEagle"),
-                "DeepseekV3ForCausalLM": cls("DeepseekV2ForCausalLM"),
-            }},
-            "model_executor/models/kimi_k25.py": {"missing": True},
-        }}},
+        "models": {
+            "value": {
+                "files": {
+                    "model_executor/models/deepseek_v2.py": {
+                        "classes": {
+                            "DeepseekV2ForCausalLM": cls("nn.Module", "SupportsEagle"),
+                            "DeepseekV3ForCausalLM": cls("DeepseekV2ForCausalLM"),
+                        }
+                    },
+                    "model_executor/models/kimi_k25.py": {"missing": True},
+                }
+            }
+        },
         "allowlist": {"error": "SyntaxError: invalid syntax (speculative.py, line 3)"},
-        "gpus": {"value": {"exit_code": 0, "stdout": fixture_text("nvidia-smi/b200x8-idle.csv"),
-                           "stderr": ""}},
+        "gpus": {
+            "value": {
+                "exit_code": 0,
+                "stdout": fixture_text("nvidia-smi/b200x8-idle.csv"),
+                "stderr": "",
+            }
+        },
         "supervisors": {"value": {"pid1": "systemd", "systemd_booted": True, "tools": {}}},
         "processes": {"value": {"processes": []}},
         "disk": {"value": {"home": {"path": "/h", "total": 3, "used": 1, "free": 2}}},
@@ -348,3 +403,23 @@ def test_recorded_sandbox_documents(version: str, supported: bool) -> None:
     assert facts.vllm.eagle3_allowlist.deepseek is supported
     assert gpu_summary(facts.gpus) == "8 × NVIDIA B200 (179 GiB)"
     assert not facts.supervisors.systemd  # recorded in a container: PID 1 is not systemd
+
+
+@pytest.mark.parametrize("odd", ["²", "٣", "１２", "99999", "0", "-1", "8000 "])
+def test_odd_port_is_no_port_not_a_failed_host(odd: str) -> None:
+    procs = [{"pid": 5, "ppid": 1, "uid": 0, "argv": ["vllm", "serve", "M", "--port", odd]}]
+    (server,) = parse_servers(procs)
+    assert server.port is None and server.model == "M"
+
+
+def test_an_odd_part_lands_in_its_own_error() -> None:
+    doc = fixture_json("documents/sandbox-0.18.0.json")
+    doc["parts"]["disk"] = {"value": {"home": {"path": "/h", "total": "lots", "used": 1}}}
+    odd_process = {"pid": "x", "argv": ["vllm", "serve"]}
+    doc["parts"]["processes"] = {"value": {"processes": [odd_process, 7]}}
+    facts = parse_facts(doc)
+    assert facts.errors == {
+        "disk:home": "unexpected disk usage data from the host",
+        "processes": "2 process entries could not be understood",
+    }
+    assert facts.vllm.version == "0.18.0" and len(facts.gpus) == 8

@@ -226,7 +226,9 @@ def _old_interpreter(minor: int) -> str | None:
         try:
             out = subprocess.run(
                 [exe, "-c", "import sys; print(sys.version_info[1])"],
-                capture_output=True, text=True, timeout=30,
+                capture_output=True,
+                text=True,
+                timeout=30,
             )
         except OSError:
             continue

@@ -238,3 +238,173 @@ def test_bastion_loop_is_refused() -> None:
     data = {"all": {"hosts": {"a": {"jump": "b"}, "b": {"jump": "c"}, "c": {"jump": "a"}}}}
     with pytest.raises(UsageError, match=r"inv\.yaml: a\.jump: bastion loop a -> b -> c -> a"):
         parse_inventory(data, "inv.yaml")
+
+
+def test_free_variables_are_host_vars_merged_from_groups() -> None:
+    inv = parse_inventory(
+        {
+            "all": {
+                "vars": {"models_dir": "/models", "tier": "gold"},
+                "children": {
+                    "b": {
+                        "vars": {"models_dir": "/data/models"},
+                        "hosts": {"h1": {"address": "10.0.0.1", "vllm_port": 8001}, "h2": {}},
+                    }
+                },
+            }
+        }
+    )
+    assert inv.hosts["h1"].vars == {"models_dir": "/data/models", "tier": "gold", "vllm_port": 8001}
+    assert inv.hosts["h2"].vars["models_dir"] == "/data/models"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        ("adress", "x", "did you mean 'address'"),  # a typo of a known variable
+        ("ansible_connection", "local", "unknown host variable"),
+        ("models_dir", {"nested": 1}, "a string, a number"),
+        ("models_dir", "a\0b", "NUL"),
+        ("Models-Dir", "x", "unknown host variable"),
+    ],
+)
+def test_free_variables_that_are_refused(key: str, value: object, problem: str) -> None:
+    with pytest.raises(UsageError, match=problem):
+        parse_inventory({"all": {"hosts": {"h1": {"address": "10.0.0.1", key: value}}}})
+
+
+# -- values refused at load, values accepted ----------------------------------------------
+
+
+def one_host(**hvars: object) -> dict[str, object]:
+    return {"all": {"hosts": {"h1": dict(hvars)}}}
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("address", "10.0.0.1"),
+        ("address", "gpu-01.example.com"),
+        ("address", "gpu-01.example.com."),
+        ("address", "_svc.internal"),
+        ("address", "::1"),
+        ("address", "2001:db8::7"),
+        ("address", "fe80::1%eth0"),
+        ("port", "2222"),
+        ("user", "svc.vllm"),
+        ("user", "alice@corp.example"),  # directory users may hold '@'
+        ("ssh_key", "~/.ssh/id_ed25519"),
+        ("known_hosts", "/etc/fleet/known_hosts"),
+        ("python", "~/env/bin/python"),
+        ("python", "python3"),
+        ("connect_timeout", 0.5),
+        ("connect_timeout", 3600),
+        ("jump", "ops@[2001:db8::1]:2222"),
+    ],
+)
+def test_plausible_values_are_accepted(var: str, value: object) -> None:
+    parse_inventory(one_host(**{var: value}), "inv.yaml")
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "fragment"),
+    [
+        ("connect_timeout", float("inf"), "finite"),
+        ("connect_timeout", float("nan"), "finite"),
+        ("connect_timeout", 0, "greater than 0"),
+        ("connect_timeout", 86400, "less than or equal to 3600"),
+        ("connect_timeout", True, "not true/false"),
+        ("port", True, "not true/false"),
+        ("address", "root@10.0.0.1", "give the user as the host variable 'user'"),
+        ("address", "10.0.0.1:22", "give the port as the host variable 'port'"),
+        ("address", "[::1]:22", "without brackets"),
+        ("address", "[::1]", "without brackets"),
+        ("address", "::g", "not a valid IPv6 address"),
+        ("address", "a..b", "not a host name or IP address"),
+        ("address", "-oProxyCommand=x", "not a host name or IP address"),
+        ("address", "x" * 64 + ".example", "not a host name or IP address"),
+        ("address", "a" * 300, "longer than 255 characters"),
+        ("address", "x\x00y", "control characters"),
+        ("address", "x y", "not a host name or IP address"),
+        ("user", "ro\not", "control characters"),
+        ("user", "-l", "not starting with '-'"),
+        ("ssh_key", "~nobody-fleet-test/key", "names no local user"),
+        ("known_hosts", "/kh\x00", "control characters"),
+        ("known_hosts", "/" + "k" * 5000, "longer than 4096"),
+        ("python", "~bob/bin/python", "only a leading '~/'"),
+        ("python", "-c", "not an option"),
+        ("python", "/opt/\u202eevil", "control characters"),
+        ("jump", "bastion:99999", "port must be 1-65535"),
+    ],
+)
+def test_values_that_would_fail_later_are_refused_at_load(
+    var: str, value: object, fragment: str
+) -> None:
+    with pytest.raises(UsageError) as err:
+        parse_inventory(one_host(**{var: value}), "inv.yaml")
+    message = str(err.value)
+    assert message.startswith(f"inv.yaml: all.hosts.h1.{var}: "), message
+    assert fragment in message
+    assert "\n" not in message and len(message) < 400
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ({"all": {"hosts": {"a..b": {}}}}, "a..b: no address given, and the host name is not"),
+        ({"all": {"hosts": {None: {}}}}, "all.hosts.None: a host name must be a string"),
+        ({"all": {"hosts": {True: {}}}}, "must be a string"),
+        ({"all": {"hosts": {"a\nb": {"address": "x"}}}}, "all.hosts.a\\nb: bad host name"),
+        ({"all": {"hosts": {"a b": {"address": "x"}}}}, "must not be empty or contain spaces"),
+        ({"all": {"hosts": {"n" * 300: {"address": "x"}}}}, "longer than 255"),
+        ({"all": {"children": {"g\x00": {}}, "hosts": {"h": {}}}}, "bad group name"),
+        ({"all": {"hosts": {"h": {"jump": "u@x..y"}}}}, "h.jump: the bastion is not a host"),
+        ({"all": {"children": {"g": {}}}, "g": {}}, "g: group given both at the top level"),
+    ],
+)
+def test_bad_names_are_one_line(data: dict[object, object], fragment: str) -> None:
+    with pytest.raises(UsageError) as err:
+        parse_inventory(data, "inv.yaml")
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+
+
+def test_yaml_is_strict_but_merge_keys_work(tmp_path: Path) -> None:
+    text = textwrap.dedent(
+        """
+        spare:
+          vars: &defaults {user: root, port: 2200}
+        all:
+          hosts:
+            a: {<<: *defaults, port: 2222}
+            2001-02-03: {address: 10.0.0.9}
+        """
+    )
+    inv = load_inventory(write(tmp_path, text))
+    assert (inv.hosts["a"].user, inv.hosts["a"].port) == ("root", 2222)  # own key wins
+    assert inv.hosts["2001-02-03"].address == "10.0.0.9"  # a date-like name stays text
+    with pytest.raises(UsageError, match=r"line 4, column 5\): duplicate key 'a'"):
+        load_inventory(write(tmp_path, "all:\n  hosts:\n    a: {}\n    a: {}\n"))
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_inventory_must_be_a_regular_file(tmp_path: Path, kind: str) -> None:
+    import os
+
+    path = tmp_path / "inv.yaml"
+    path.mkdir() if kind == "directory" else os.mkfifo(path)
+    with pytest.raises(UsageError, match=r"not a regular file|a directory"):
+        load_inventory(path)
+
+
+def test_many_groups_and_long_bastion_chains_are_handled_in_one_pass() -> None:
+    n = 3000
+    children = {
+        f"g{i}": {"hosts": {f"h{i}": {"jump": f"h{i + 1}"} if i < n - 1 else {}}} for i in range(n)
+    }
+    inv = parse_inventory({"all": {"children": children}})
+    assert inv.hosts["h7"].groups == ("g7", "all")
+    assert inv.groups["all"] == [f"h{i}" for i in range(n)]  # inventory order
+    assert inv.groups["g9"] == ["h9"]
+    children[f"g{n - 1}"]["hosts"][f"h{n - 1}"] = {"jump": "h0"}
+    with pytest.raises(UsageError, match=r"bastion loop h0 -> h1 -> h2"):
+        parse_inventory({"all": {"children": children}}, "inv.yaml")

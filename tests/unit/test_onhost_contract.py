@@ -29,7 +29,9 @@ from fleet.transport import LocalRunner, shell
 ONHOST = Path(runner.__file__).resolve().parent
 LOCAL_ONLY = {"__init__", "runner"}
 SHIPPED = sorted(p.stem for p in ONHOST.glob("*.py") if p.stem not in LOCAL_ONLY)
-SCRIPTS = sorted(m for m in SHIPPED if "OPS" in runner.defined_names(ast.parse((ONHOST / f"{m}.py").read_text())))
+SCRIPTS = sorted(
+    m for m in SHIPPED if "OPS" in runner.defined_names(ast.parse((ONHOST / f"{m}.py").read_text()))
+)
 
 # One harmless request per script; a new script needs an entry (test_every_script_is_covered).
 SAMPLE: dict[str, dict[str, Any]] = {
@@ -41,18 +43,35 @@ SAMPLE: dict[str, dict[str, Any]] = {
         "backup_root": "~/.fleet/patches",
     },
     "source": {"op": "show", "path": "_version.py", "start": 1, "end": 2, "time_limit": 30},
+    "serve": {
+        "op": "preflight",
+        "profile": {
+            "name": "p",
+            "model": "/nonexistent/target",
+            "drafter": "/nonexistent/drafter",
+            "host": "127.0.0.1",
+            "port": 0,
+            "vllm": "/nonexistent/vllm",
+        },
+    },
 }
 # Where each script's answer names the vLLM package directory.
-PACKAGE_DIR_KEY = {"facts": None, "patch": "package_dir", "source": "vllm_dir"}
+PACKAGE_DIR_KEY = {
+    "facts": "parts.vllm.value.path",
+    "patch": "package_dir",
+    "source": "vllm_dir",
+    "serve": "vllm.path",
+}
 NEWER_APIS = ("removeprefix", "removesuffix", "strict=", "math.lcm", "str | ", "| None")
 
 
 def _interpreters() -> list[str]:
     found = [sys.executable]
     for minor in (8, 9):
-        for exe in [shutil.which(f"python3.{minor}"), *sorted(
-            glob.glob(os.path.expanduser(f"~/.pyenv/versions/3.{minor}.*/bin/python3"))
-        )]:
+        for exe in [
+            shutil.which(f"python3.{minor}"),
+            *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/3.{minor}.*/bin/python3"))),
+        ]:
             if exe and subprocess.run([exe, "-c", "pass"], capture_output=True).returncode == 0:
                 found.append(exe)
                 break
@@ -86,7 +105,7 @@ def test_shipped_module_is_python38_and_stdlib_only(module: str) -> None:
 
 def test_every_script_is_covered() -> None:
     assert set(SCRIPTS) == set(SAMPLE), "add a sample request for each on-host script"
-    assert {"facts", "patch", "source"} <= set(SCRIPTS)
+    assert {"facts", "patch", "source", "serve"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -130,11 +149,10 @@ def test_script_answers_one_envelope_and_ignores_the_working_directory(
     raw = runner.run_raw(conn, script, SAMPLE[script], timeout=60)
     assert not (home / "SHADOWED").exists()
     installed = str((tree / "vllm").resolve())
-    key = PACKAGE_DIR_KEY[script]
-    if key is None:  # facts: the vllm part
-        assert raw.result["parts"]["vllm"]["value"]["path"] == installed
-    else:
-        assert raw.result[key] == installed
+    found: Any = raw.result
+    for key in PACKAGE_DIR_KEY[script].split("."):
+        found = found[key]
+    assert found == installed
     assert installed != str(decoy.resolve())
 
 
@@ -181,4 +199,4 @@ def test_answers_that_are_not_understood(stdout: bytes | None, exit_code: int, m
 
 def test_python_command_quotes_the_interpreter_for_any_shell() -> None:
     assert shell.python("/env/bin/python") == "sh -c 'exec '\\''/env/bin/python'\\'' -'"
-    assert shell.python("~/env/bin/python").startswith("sh -c 'exec \"$HOME\"/")
+    assert shell.python("~/env/bin/python").startswith('sh -c \'exec "$HOME"/')

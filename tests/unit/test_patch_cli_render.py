@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fleet.cli.cmd_patch import _emit, _render, host_status
+from fleet.cli.cmd_patch import _emit, _render
 from fleet.patching.engine import Candidate, Conflict
 from fleet.patching.service import FileReport, HostReport
 from fleet.transport import HostOutcome
@@ -44,7 +44,7 @@ def report(*statuses: str) -> HostReport:
     ],
 )
 def test_host_status_is_the_worst_file_status(statuses: tuple[str, ...], expected: str) -> None:
-    assert host_status(report(*statuses)) == expected
+    assert report(*statuses).status == expected
 
 
 # -- what `fleet patch` prints: host strings are text, never rich markup -------------------
@@ -95,22 +95,14 @@ def _outcomes() -> list[HostOutcome[HostReport]]:
     ]
 
 
-@pytest.fixture()
-def captured(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
+@pytest.mark.parametrize("verbose", [False, True])
+def test_hostile_strings_are_printed_as_text(verbose: bool) -> None:
     from rich.console import Console
-
-    from fleet.cli import render
 
     buf = io.StringIO()
     console = Console(file=buf, width=300, highlight=False, soft_wrap=False, color_system=None)
-    monkeypatch.setattr(render, "_console", console)
-    return buf
-
-
-@pytest.mark.parametrize("verbose", [False, True])
-def test_hostile_strings_are_printed_as_text(captured: io.StringIO, verbose: bool) -> None:
-    _render(_outcomes(), f"p{HOSTILE}", True, False, False, verbose=verbose)
-    out = captured.getvalue()
+    _render(console, _outcomes(), f"p{HOSTILE}", True, False, False, verbose=verbose)
+    out = buf.getvalue()
     assert f"fleet patch p{HOSTILE}: apply" in out
     assert f"0.17.0{HOSTILE}[bold]" in out  # the version, verbatim
     assert f"[bold]{HOSTILE}bad\\: the patch script failed: [bold]{HOSTILE}" in out

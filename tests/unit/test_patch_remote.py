@@ -13,52 +13,33 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fleet.errors import OperationFailed
+from fleet.inventory import HostSpec
 from fleet.patching import remote
 from fleet.patching.engine import plan_host
 from fleet.patching.manifest import PatchSet, load_patch_set
 from fleet.patching.service import HostReport, apply_host, revert_host, write_failed
 from fleet.sandbox.vllm_source import vllm_tree
-from fleet.transport import Result, to_command
+from fleet.transport import LocalRunner
 
 PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")
 
 
-@dataclass
-class FakeHost:
-    name: str
-    python: str
-
-
-class LocalConn:
-    """Runs commands with ``sh -c`` on this machine, like HostConnection.run over SSH."""
-
-    def __init__(self, root: Path, python: str = sys.executable) -> None:
-        self.root = root
-        self.host = FakeHost("local", python)
-        self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(root / "home"),
-            "PYTHONPATH": str(root / "site"),
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-
-    def run(
-        self, command: Any, *, stdin: bytes | None = None, timeout: float | None = None
-    ) -> Result:
-        cmd = to_command(command)
-        proc = subprocess.run(
-            ["sh", "-c", cmd], input=stdin, capture_output=True, env=self.env, timeout=timeout
-        )
-        return Result("local", cmd, proc.returncode, proc.stdout, proc.stderr, 0.0)
+def LocalConn(root: Path, python: str = sys.executable) -> LocalRunner:
+    """This machine as the host whose files live under ``root`` (site/ and home/)."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(root / "home"),
+        "PYTHONPATH": str(root / "site"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    return LocalRunner(HostSpec(name="local", python=python), env=env)
 
 
 def make_host(tmp: Path, version: str, patch_set: PatchSet) -> Path:
@@ -92,7 +73,7 @@ def patch_set() -> PatchSet:
 
 
 @pytest.fixture()
-def host(tmp_path: Path, patch_set: PatchSet) -> tuple[LocalConn, Path]:
+def host(tmp_path: Path, patch_set: PatchSet) -> tuple[LocalRunner, Path]:
     pkg = make_host(tmp_path, "0.15.0", patch_set)
     return LocalConn(tmp_path), pkg
 
@@ -111,7 +92,7 @@ def statuses(report: HostReport) -> dict[str, str]:
 
 
 def test_fetch_locates_vllm_without_importing_it(
-    host: tuple[LocalConn, Path], patch_set: PatchSet
+    host: tuple[LocalRunner, Path], patch_set: PatchSet
 ) -> None:
     conn, pkg = host
     fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
@@ -121,10 +102,10 @@ def test_fetch_locates_vllm_without_importing_it(
     want = shas(pkg, patch_set)
     assert {p: f.sha256 for p, f in fetched.files.items()} == want
     assert fetched.backup_manifest is None
-    assert not (conn.root / "home" / ".fleet").exists()  # reading writes nothing
+    assert not (Path(conn.env["HOME"]) / ".fleet").exists()  # reading writes nothing
 
 
-def test_apply_again_revert_apply(host: tuple[LocalConn, Path], patch_set: PatchSet) -> None:
+def test_apply_again_revert_apply(host: tuple[LocalRunner, Path], patch_set: PatchSet) -> None:
     conn, pkg = host
     original = shas(pkg, patch_set)
     original_bytes = {p: (pkg / p).read_bytes() for p, s in original.items() if s}
@@ -143,7 +124,7 @@ def test_apply_again_revert_apply(host: tuple[LocalConn, Path], patch_set: Patch
     assert shas(pkg, patch_set) == want
     assert not stale.exists() and keep.exists()
     backup = Path(first.backup_dir or "")
-    assert backup.is_dir() and backup.is_relative_to(conn.root / "home" / ".fleet" / "patches")
+    assert backup.is_dir() and backup.is_relative_to(Path(conn.env["HOME"]) / ".fleet" / "patches")
     for p, data in original_bytes.items():
         if want[p] != original[p]:
             assert (backup / "originals" / p).read_bytes() == data
@@ -177,7 +158,7 @@ def test_apply_again_revert_apply(host: tuple[LocalConn, Path], patch_set: Patch
     assert third.ok and shas(pkg, patch_set) == want
 
 
-def test_check_and_diff_write_nothing(host: tuple[LocalConn, Path], patch_set: PatchSet) -> None:
+def test_check_and_diff_write_nothing(host: tuple[LocalRunner, Path], patch_set: PatchSet) -> None:
     conn, pkg = host
     before = shas(pkg, patch_set)
     report = apply_host(conn, patch_set, check=True, with_diff=True)
@@ -186,11 +167,11 @@ def test_check_and_diff_write_nothing(host: tuple[LocalConn, Path], patch_set: P
     diff = next(f.diff for f in report.files if f.path == "v1/spec_decode/eagle.py")
     assert diff and "+                    target_model.config.media_placeholder_token_id" in diff
     assert shas(pkg, patch_set) == before
-    assert not (conn.root / "home" / ".fleet").exists()
+    assert not (Path(conn.env["HOME"]) / ".fleet").exists()
 
 
 def test_file_changed_between_read_and_write_is_a_conflict(
-    host: tuple[LocalConn, Path], patch_set: PatchSet
+    host: tuple[LocalRunner, Path], patch_set: PatchSet
 ) -> None:
     conn, pkg = host
     fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
@@ -200,10 +181,10 @@ def test_file_changed_between_read_and_write_is_a_conflict(
     touched.write_text(touched.read_text() + "\n# edited by hand meanwhile\n")
     before = shas(pkg, patch_set)
     result = remote.apply(conn, fetched, patch_set.name, items)
-    assert result["ok"] is False and result["written"] == []
-    assert [c["path"] for c in result["conflicts"]] == ["config/speculative.py"]
+    assert result.ok is False and result.written == []
+    assert [c["path"] for c in result.conflicts] == ["config/speculative.py"]
     assert shas(pkg, patch_set) == before  # all or none: nothing written
-    assert not list((conn.root / "home" / ".fleet" / "patches").glob("eagle3-deepseek/*"))
+    assert not list((Path(conn.env["HOME"]) / ".fleet" / "patches").glob("eagle3-deepseek/*"))
 
 
 POINTS = [
@@ -218,7 +199,7 @@ POINTS = [
 
 @pytest.mark.parametrize("point", POINTS)
 def test_killed_at_any_point_leaves_each_file_original_or_patched(
-    host: tuple[LocalConn, Path],
+    host: tuple[LocalRunner, Path],
     patch_set: PatchSet,
     point: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -249,7 +230,7 @@ def test_killed_at_any_point_leaves_each_file_original_or_patched(
 
 
 def test_compile_failure_restores_the_originals(
-    host: tuple[LocalConn, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
+    host: tuple[LocalRunner, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn, pkg = host
     original = shas(pkg, patch_set)
@@ -259,11 +240,11 @@ def test_compile_failure_restores_the_originals(
     assert "py_compile failed" in (report.message or "")
     assert "originals were restored" in (report.message or "")
     assert shas(pkg, patch_set) == original
-    assert not list((conn.root / "home" / ".fleet" / "patches").glob("eagle3-deepseek/*"))
+    assert not list((Path(conn.env["HOME"]) / ".fleet" / "patches").glob("eagle3-deepseek/*"))
 
 
 def test_revert_refuses_a_file_changed_since_the_patch(
-    host: tuple[LocalConn, Path], patch_set: PatchSet
+    host: tuple[LocalRunner, Path], patch_set: PatchSet
 ) -> None:
     conn, pkg = host
     original = shas(pkg, patch_set)
@@ -281,7 +262,7 @@ def test_revert_refuses_a_file_changed_since_the_patch(
 
 
 def test_revert_check_and_diff_write_nothing(
-    host: tuple[LocalConn, Path], patch_set: PatchSet
+    host: tuple[LocalRunner, Path], patch_set: PatchSet
 ) -> None:
     conn, pkg = host
     assert apply_host(conn, patch_set).ok
@@ -315,12 +296,6 @@ def test_the_script_runs_on_python_3_8(tmp_path: Path, patch_set: PatchSet) -> N
     assert revert_host(conn, patch_set).ok and shas(pkg, patch_set) == original
 
 
-def test_script_is_python_3_8_syntax() -> None:
-    import ast
-
-    ast.parse(remote.script_text(), feature_version=(3, 8))
-
-
 # -- an exception while writing: every file already replaced is restored ------------------
 
 RAISES = ["after-temp", "after-first-rename", "after-rename", "before-manifest"]
@@ -328,7 +303,7 @@ RAISES = ["after-temp", "after-first-rename", "after-rename", "before-manifest"]
 
 @pytest.mark.parametrize("point", RAISES)
 def test_exception_while_writing_restores_every_file(
-    host: tuple[LocalConn, Path],
+    host: tuple[LocalRunner, Path],
     patch_set: PatchSet,
     point: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -345,7 +320,7 @@ def test_exception_while_writing_restores_every_file(
         apply_host(conn, patch_set)
     assert shas(pkg, patch_set) == original
     assert not list(pkg.rglob(".*fleet-tmp-*"))
-    assert not list((conn.root / "home" / ".fleet" / "patches").glob("eagle3-deepseek/*"))
+    assert not list((Path(conn.env["HOME"]) / ".fleet" / "patches").glob("eagle3-deepseek/*"))
     message = str(info.value)
     assert "writing the patch failed" in message and f"injected fault at {point}" in message
     assert "every file was put back as it was, nothing is patched" in message
@@ -359,7 +334,7 @@ def test_exception_while_writing_restores_every_file(
 
 
 def test_exception_after_renames_drops_the_bytecode_of_restored_files(
-    host: tuple[LocalConn, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
+    host: tuple[LocalRunner, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn, pkg = host
     cache = pkg / "model_executor" / "models" / "__pycache__"
@@ -373,7 +348,7 @@ def test_exception_after_renames_drops_the_bytecode_of_restored_files(
 
 
 def test_the_answer_of_a_failed_write_says_what_was_restored(
-    host: tuple[LocalConn, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
+    host: tuple[LocalRunner, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn, _pkg = host
     fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
@@ -381,9 +356,9 @@ def test_the_answer_of_a_failed_write_says_what_was_restored(
     items = plan.write_items()
     monkeypatch.setenv(remote.FAULT_ENV, "after-first-rename:raise")
     result = remote.apply(conn, fetched, patch_set.name, items)
-    assert result["ok"] is False and result["written"] == []
-    assert result["write_error"].startswith("OSError: [Errno 28]")
-    assert result["restored"] is True and result["restore_errors"] == []
+    assert result.ok is False and result.written == []
+    assert result.write_error.startswith("OSError: [Errno 28]")
+    assert result.restored is True and result.restore_errors == []
 
 
 def test_a_file_that_cannot_be_restored_stays_listed_for_revert(
@@ -393,7 +368,7 @@ def test_a_file_that_cannot_be_restored_stays_listed_for_revert(
     the one left patched (pending) so that ``fleet patch --revert`` can finish the job."""
     import json
 
-    from fleet.patching import remote_patch as script
+    from fleet.onhost import patch as script
 
     pkg = tmp_path / "vllm"
     pkg.mkdir()
@@ -421,7 +396,9 @@ def test_a_file_that_cannot_be_restored_stays_listed_for_revert(
     message = str(
         write_failed(
             "h1",
-            {"write_error": "OSError: boom", "restore_errors": failed, "backup_dir": "/b"},
+            remote.ApplyAnswer(
+                ok=False, write_error="OSError: boom", restore_errors=failed, backup_dir="/b"
+            ),
         )
     )
     assert "could not restore b.py (OSError: [Errno 28]" in message
@@ -432,7 +409,7 @@ def test_a_file_that_cannot_be_restored_stays_listed_for_revert(
 
 
 def test_the_hosts_environment_cannot_inject_a_fault(
-    host: tuple[LocalConn, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
+    host: tuple[LocalRunner, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn, pkg = host
     monkeypatch.delenv(remote.FAULT_ENV, raising=False)
@@ -446,7 +423,7 @@ def test_the_hosts_environment_cannot_inject_a_fault(
 
 
 def test_write_temp_never_follows_a_planted_symlink(tmp_path: Path) -> None:
-    from fleet.patching import remote_patch as script
+    from fleet.onhost import patch as script
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
@@ -467,7 +444,7 @@ def test_write_temp_never_follows_a_planted_symlink(tmp_path: Path) -> None:
 def test_write_temp_removes_its_file_when_it_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fleet.patching import remote_patch as script
+    from fleet.onhost import patch as script
 
     target = tmp_path / "mod.py"
     target.write_text("x = 1\n")
@@ -483,14 +460,6 @@ def test_write_temp_removes_its_file_when_it_fails(
 
 
 # -- the interpreter: written as inspect and source write it ------------------------------
-
-
-def test_patch_command_expands_a_home_relative_python_on_the_host() -> None:
-    assert remote.patch_command("~/env/bin/python") == ("sh -c 'exec \"$HOME\"/env/bin/python -'")
-    # the same quoting as fleet inspect/source (fleet.source.sh_command: csh/fish-safe)
-    assert remote.patch_command("/opt/my env/bin/python3") == (
-        "sh -c 'exec '\\''/opt/my env/bin/python3'\\'' -'"
-    )
 
 
 def test_a_home_relative_python_runs(tmp_path: Path, patch_set: PatchSet) -> None:

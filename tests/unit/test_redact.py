@@ -94,3 +94,69 @@ def test_adversarial_lines_stay_linear(line: str) -> None:
     # a backtracking pattern would take minutes here; the timeout bounds the test
     out = redact_text(line)
     assert len(out) <= len(line) + 10
+
+
+S1, S2 = "token-abc123", "token-def456"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"--api-key {S1} {S2}",  # vLLM's --api-key takes several keys
+        f"vllm serve /m --api-key {S1} {S2} --port 8000",
+        f"--api-key '{S1}' \"{S2}\"",
+        f"['vllm', 'serve', '/m', '--api-key', '{S1}', '{S2}', '--port', '1']",
+        f'["--api-key", "{S1}", "{S2}"]',
+        f"('--api-key', '{S1}')",
+        f"{{'api_key': ('{S1}', '{S2}')}}",
+        f"{{'api_key': {{'{S1}'}}}}",
+        f"VLLM_API_KEY={S1},{S2}",
+        f"HF_TOKEN={S1} OPENAI_API_KEY={S2}",
+        f"cmd: vllm serve m --api-key {S1} {S2}; echo done",
+        f"GET /v1/models?api_key={S1}&x=1",
+        f"AWS_SECRET_ACCESS_KEY={S1} aws_access_key={S2}",
+    ],
+)
+def test_every_value_of_a_secret_option_is_hidden(line: str) -> None:
+    out = redact_text(line)
+    assert S1 not in out and S2 not in out, out
+    assert MASK in out
+
+
+def test_argv_hides_every_value_up_to_the_next_option() -> None:
+    argv = ["vllm", "serve", "/m", "--api-key", S1, S2, "--port", "8000"]
+    assert redact_argv(argv) == ["vllm", "serve", "/m", "--api-key", MASK, MASK, "--port", "8000"]
+    # --api-key=K takes one value: the next word is a positional again
+    assert redact_argv(["--api-key=" + S1, "/m"]) == [f"--api-key={MASK}", "/m"]
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+        "glpat-abcdefghij0123456789",
+        "xoxb-1234567890-abcdefghij",
+        "AKIAIOSFODNN7EXAMPLE",
+        "AIzaSyA-abcdefghijklmnopqrstuvwxyz01234",
+        "npm_abcdefghijklmnopqrstuvwxyz0123456789",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJl",
+        "sk-ant-api03-abcdefghijklmnopqrstuvwxyz",
+    ],
+)
+def test_bare_well_known_tokens(token: str) -> None:
+    assert token not in redact_text(f"downloading with {token} now")
+
+
+def test_private_key_blocks() -> None:
+    text = "-----BEGIN OPENSSH PRIVATE KEY-----b3BlbnNzaC1rZXk-----END OPENSSH PRIVATE KEY-----"
+    assert "b3BlbnNzaC1rZXk" not in redact_text(f"key: {text}")
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "line",
+    ["api_key: [" * 30000, "'--api-key', " * 30000, "--api-key a " * 30000, "api_key=a," * 30000],
+)
+def test_multi_value_forms_stay_linear(line: str) -> None:
+    out = redact_text(line)  # a quadratic scan would take minutes: the timeout bounds it
+    assert MASK in out and len(out) <= 2 * len(line)

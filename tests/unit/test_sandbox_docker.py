@@ -1,4 +1,4 @@
-"""The docker-sshd variant's build context (no engine needed to check it is complete)."""
+"""The docker-sshd variant's build context and image cache key (no engine needed)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import pytest
 
 from fleet.errors import UsageError
 from fleet.sandbox import docker
-from fleet.sandbox.core import BACKEND_ENV, default_backend
+from fleet.sandbox.core import BACKEND_ENV, Sandbox, default_backend
 from fleet.sandbox.vllm_source import vllm_tree
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _copy_sources(dockerfile: str) -> list[str]:
@@ -23,8 +25,18 @@ def _copy_sources(dockerfile: str) -> list[str]:
     return sources
 
 
+def _stages(dockerfile: str) -> list[tuple[str, str]]:
+    """(image, stage name) of every FROM line."""
+    found = []
+    for line in dockerfile.splitlines():
+        m = re.match(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?\s*$", line, re.I)
+        if m:
+            found.append((m.group(1), m.group(2) or ""))
+    return found
+
+
 def test_staged_context_holds_everything_the_dockerfile_copies(tmp_path: Path) -> None:
-    context = docker.stage_context(tmp_path / "ctx", vllm_tree("0.17.0"))
+    context = docker.stage_context(tmp_path / "ctx", vllm_tree("0.17.0"), "0.17.0")
     dockerfile = (context / "Dockerfile").read_text()
     sources = _copy_sources(dockerfile)
     assert sources, "the Dockerfile copies nothing?"
@@ -36,22 +48,79 @@ def test_staged_context_holds_everything_the_dockerfile_copies(tmp_path: Path) -
     assert (tree / "vllm-0.17.0.dist-info" / "METADATA").is_file()
     assert not list(tree.rglob("*.so"))
     # the stand-in is this repository's, byte for byte
-    assert (context / "nvidia_smi.py").read_bytes() == Path(docker.__file__).with_name(
-        "nvidia_smi.py"
-    ).read_bytes()
+    from fleet.onhost import nvidia_smi
+
+    assert (context / "nvidia_smi.py").read_bytes() == Path(nvidia_smi.__file__).read_bytes()
+    assert (context / "overlay").is_dir()  # the serve issue's merge point
 
 
-def test_dockerfile_builds_the_same_host_as_the_local_backend() -> None:
+def test_nothing_is_pulled_every_from_is_the_local_base_or_a_stage() -> None:
     text = (docker.docker_dir() / "Dockerfile").read_text()
-    assert re.search(r"^FROM debian:", text, re.M)
-    assert "openssh-server" in text
+    stages = _stages(text)
+    assert stages[0][0] == docker.BASE_IMAGE
+    names = {name for _, name in stages if name}
+    for image, _name in stages[1:]:
+        assert image in names, f"FROM {image}: neither the base image nor an earlier stage"
+    assert {docker.TARGET_WITH_SUPERVISOR, docker.TARGET_WITHOUT_SUPERVISOR} <= names
+    # stages build in order up to --target: the host with supervisord needs no other
+    order = [name for _, name in stages]
+    assert order.index(docker.TARGET_WITH_SUPERVISOR) < order.index(
+        docker.TARGET_WITHOUT_SUPERVISOR
+    )
+    # no package manager reaches out during the build (the base image has the packages)
+    assert "apt-get install" not in text and "pip install" not in text
+    # and the engine script builds that very image with debootstrap
+    script = (ROOT / docker.ENGINE_SCRIPT).read_text()
+    assert "BASE_IMAGE=fleet-sandbox-base:$SUITE" in script and "SUITE=bookworm" in script
+    assert "debootstrap --variant=" in script and "docker import" in script
+    for package in ("openssh-server", "python3-venv", "supervisor"):
+        assert package in script
+
+
+def test_dockerfile_builds_a_host_like_a_real_gpu_host() -> None:
+    text = (docker.docker_dir() / "Dockerfile").read_text()
     assert f"python3 -m venv --without-pip {docker.HOME}/ml-env" in text
     assert "/usr/local/bin/nvidia-smi" in text
-    assert 'CMD ["/usr/sbin/sshd", "-D", "-e"]' in text
+    assert 'CMD ["/usr/local/sbin/fleet-sandbox-init"]' in text
+    assert "dpkg --purge supervisor" in text  # the variant without supervisord
+    init = (docker.docker_dir() / "init.sh").read_text().splitlines()
+    assert init[-1] == "exec /usr/sbin/sshd -D -e"  # sshd's log is the container's output
+    assert any("supervisord -c /etc/supervisor/supervisord.conf" in line for line in init)
     snippet = (docker.docker_dir() / "sshd_config").read_text().splitlines()
     assert "PasswordAuthentication no" in snippet
+    assert "PermitRootLogin prohibit-password" in snippet
     assert "LogLevel VERBOSE" in snippet  # connections are counted from the container log
     assert docker.PYTHON == "/root/ml-env/bin/python"
+
+
+def test_image_key_changes_with_every_input(tmp_path: Path) -> None:
+    tree = vllm_tree("0.17.0")
+    context = docker.stage_context(tmp_path / "ctx", tree, "0.17.0")
+    base = docker.context_digest(context, "version=0.17.0", "target=host", "base=sha256:aa")
+    again = docker.stage_context(tmp_path / "ctx2", tree, "0.17.0")
+    assert docker.context_digest(again, "version=0.17.0", "target=host", "base=sha256:aa") == base
+    # another version, target or base image
+    assert docker.context_digest(context, "version=0.18.0", "target=host", "base=sha256:aa") != base
+    assert (
+        docker.context_digest(
+            context, "version=0.17.0", "target=host-without-supervisor", "base=sha256:aa"
+        )
+        != base
+    )
+    assert docker.context_digest(context, "version=0.17.0", "target=host", "base=sha256:bb") != base
+    # one byte of the Dockerfile, of a vLLM file, a file's mode, a new overlay file
+    changes = [
+        lambda c: (c / "Dockerfile").write_text((c / "Dockerfile").read_text() + "\n"),
+        lambda c: (c / "vllm-tree" / "vllm" / "__init__.py").write_text("# edited\n"),
+        lambda c: (c / "init.sh").chmod(0o700),
+        lambda c: (c / "overlay" / "root").mkdir(),
+    ]
+    for n, change in enumerate(changes):
+        ctx = docker.stage_context(tmp_path / f"c{n}", tree, "0.17.0")
+        change(ctx)
+        assert (
+            docker.context_digest(ctx, "version=0.17.0", "target=host", "base=sha256:aa") != base
+        ), n
 
 
 def test_backend_selected_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,5 +133,15 @@ def test_backend_selected_by_environment(monkeypatch: pytest.MonkeyPatch) -> Non
         default_backend()
 
 
-def test_image_tag_per_version() -> None:
+def test_image_tag_per_version_and_variant() -> None:
     assert docker.image_tag("0.18.0") == "fleet-sandbox-host:vllm-0.18.0"
+    assert (
+        docker.image_tag("0.18.0", supervisor=False)
+        == "fleet-sandbox-host:vllm-0.18.0-nosupervisor"
+    )
+
+
+def test_no_supervisor_names_must_be_hosts(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no such host"):
+        Sandbox.up(tmp_path / "box", hosts=2, no_supervisor=["sandbox-09"])
+    assert not (tmp_path / "box" / "sandbox.json").exists()

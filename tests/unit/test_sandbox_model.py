@@ -34,16 +34,29 @@ def _state(versions: list[str], backend: model.Backend = "local") -> model.Sandb
     )
 
 
-@pytest.mark.parametrize("version", ["0.17.0", "0.18.0", "0.10.2", "0.8.5.post1", "0.11.0rc1",
-                                     "0.10.1.1", "1.0"])
+@pytest.mark.parametrize(
+    "version", ["0.17.0", "0.18.0", "0.10.2", "0.8.5.post1", "0.11.0rc1", "0.10.1.1", "1.0"]
+)
 def test_validate_version_accepts_release_numbers(version: str) -> None:
     assert model.validate_version(f" {version} ") == version
 
 
 @pytest.mark.parametrize(
     "bad",
-    ["", "latest", "--pre", "0.17.0; rm -rf /", "0.17.0 --index-url x", "../0.17.0", "17",
-     "0.17.0/../../x", "0.17.0\nx", "v0.17.0", "0.17.*", ">=0.17"],
+    [
+        "",
+        "latest",
+        "--pre",
+        "0.17.0; rm -rf /",
+        "0.17.0 --index-url x",
+        "../0.17.0",
+        "17",
+        "0.17.0/../../x",
+        "0.17.0\nx",
+        "v0.17.0",
+        "0.17.*",
+        ">=0.17",
+    ],
 )
 def test_validate_version_refuses_anything_else(bad: str) -> None:
     with pytest.raises(UsageError, match="not a vLLM version"):
@@ -69,7 +82,11 @@ def test_host_names_are_zero_padded_and_ordered() -> None:
 
 def test_versions_are_assigned_round_robin_in_the_order_given() -> None:
     assert model.assign_versions(5, ["0.18.0", "0.17.0"]) == [
-        "0.18.0", "0.17.0", "0.18.0", "0.17.0", "0.18.0"
+        "0.18.0",
+        "0.17.0",
+        "0.18.0",
+        "0.17.0",
+        "0.18.0",
     ]
     assert model.assign_versions(2, ["0.17.0", "0.18.0", "0.15.0"]) == ["0.17.0", "0.18.0"]
     with pytest.raises(UsageError):
@@ -109,16 +126,27 @@ def test_sshd_config_quotes_paths_and_pins_one_user() -> None:
     assert "PasswordAuthentication no" in lines
     assert "UsePAM no" in lines
     assert "LogLevel VERBOSE" in lines  # one "Connection from" line per connection
-    assert 'SetEnv HOME="/s b/hosts/h/home" PATH="/s b/hosts/h/home/bin:/usr/bin:/bin" ' \
-           "FLEET_SANDBOX=1" in lines
+    assert (
+        'SetEnv HOME="/s b/hosts/h/home" PATH="/s b/hosts/h/home/bin:/usr/bin:/bin" '
+        "FLEET_SANDBOX=1" in lines
+    )
     assert 'ForceCommand exec "/s b/hosts/h/session.sh"' in lines
     assert 'Subsystem sftp "/usr/lib/openssh/sftp-server"' in lines
 
 
 def test_sshd_config_without_external_sftp_server_does_not_force_the_wrapper() -> None:
     text = model.render_sshd_config(
-        port=2222, address="127.0.0.1", host_key="/k", pid_file="/p", authorized_keys="/a",
-        user="u", home="/h", path="/bin", session_wrapper="/w", sftp_server=None, use_pam=True,
+        port=2222,
+        address="127.0.0.1",
+        host_key="/k",
+        pid_file="/p",
+        authorized_keys="/a",
+        user="u",
+        home="/h",
+        path="/bin",
+        session_wrapper="/w",
+        sftp_server=None,
+        use_pam=True,
     )
     assert "ForceCommand" not in text
     assert "Subsystem sftp internal-sftp" in text
@@ -128,8 +156,16 @@ def test_sshd_config_without_external_sftp_server_does_not_force_the_wrapper() -
 def test_sshd_config_refuses_an_unquotable_path() -> None:
     with pytest.raises(UsageError):
         model.render_sshd_config(
-            port=1, address="127.0.0.1", host_key='/k"', pid_file="/p", authorized_keys="/a",
-            user="u", home="/h", path="/bin", session_wrapper=None, sftp_server=None,
+            port=1,
+            address="127.0.0.1",
+            host_key='/k"',
+            pid_file="/p",
+            authorized_keys="/a",
+            user="u",
+            home="/h",
+            path="/bin",
+            session_wrapper=None,
+            sftp_server=None,
         )
 
 
@@ -145,8 +181,9 @@ def test_known_hosts_line_uses_brackets_except_on_port_22() -> None:
 
 def test_inventory_is_read_by_fleets_own_parser() -> None:
     state = _state(["0.17.0", "0.18.0", "0.17.0"])
-    text = model.render_inventory(state, ssh_key="/sb/client/id_ed25519",
-                                  known_hosts="/sb/known_hosts")
+    text = model.render_inventory(
+        state, ssh_key="/sb/client/id_ed25519", known_hosts="/sb/known_hosts"
+    )
     inv = parse_inventory(yaml.safe_load(text), "inventory.yaml")
     assert list(inv.hosts) == ["sandbox-01", "sandbox-02", "sandbox-03"]
     assert inv.groups["vllm_0_17_0"] == ["sandbox-01", "sandbox-03"]
@@ -158,7 +195,8 @@ def test_inventory_is_read_by_fleets_own_parser() -> None:
     assert spec.known_hosts == "/sb/known_hosts"
     assert spec.ssh_key == "/sb/client/id_ed25519"
     assert [h.name for h in inv.select(["vllm_0_18_0", "sandbox-01"])] == [
-        "sandbox-01", "sandbox-02"
+        "sandbox-01",
+        "sandbox-02",
     ]
 
 

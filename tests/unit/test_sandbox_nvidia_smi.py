@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.sandbox import nvidia_smi
+from fleet.onhost import nvidia_smi
 from fleet.sandbox.local import install_nvidia_smi
 
 
@@ -64,8 +64,9 @@ def test_unknown_field_and_bad_format(config: dict[str, object]) -> None:
 
 
 def test_select_gpus_with_i(config: dict[str, object]) -> None:
-    code, out = nvidia_smi.run(["-i", "3,5", "--query-gpu=index,pci.bus_id",
-                                "--format=csv,noheader"], config)
+    code, out = nvidia_smi.run(
+        ["-i", "3,5", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"], config
+    )
     assert code == 0
     assert out.splitlines() == ["3, 00000000:5D:00.0", "5, 00000000:AB:00.0"]
     code, out = nvidia_smi.run(["--id=9", "--query-gpu=index", "--format=csv"], config)
@@ -103,23 +104,37 @@ def _home(tmp_path: Path, host: dict[str, object], state: dict[str, object] | No
 def test_host_and_workload_files_drive_the_output(tmp_path: Path) -> None:
     home = _home(
         tmp_path,
-        {"host": "sandbox-02", "gpu_count": 4, "gpu_name": "NVIDIA H100 80GB HBM3",
-         "memory_total_mib": 81559},
-        {"memory_used_mib": [70000, 70000], "utilization_gpu": [90],
-         "processes": [{"pid": 4242, "name": "python3", "gpus": [0, 1],
-                        "used_memory_mib": 69000}]},
+        {
+            "host": "sandbox-02",
+            "gpu_count": 4,
+            "gpu_name": "NVIDIA H100 80GB HBM3",
+            "memory_total_mib": 81559,
+        },
+        {
+            "memory_used_mib": [70000, 70000],
+            "utilization_gpu": [90],
+            "processes": [
+                {"pid": 4242, "name": "python3", "gpus": [0, 1], "used_memory_mib": 69000}
+            ],
+        },
     )
     config = nvidia_smi.load_config(home=home)
-    _, out = nvidia_smi.run(["--query-gpu=index,name,memory.used,memory.free,utilization.gpu",
-                             "--format=csv,noheader,nounits"], config)
+    _, out = nvidia_smi.run(
+        [
+            "--query-gpu=index,name,memory.used,memory.free,utilization.gpu",
+            "--format=csv,noheader,nounits",
+        ],
+        config,
+    )
     assert out.splitlines() == [
         "0, NVIDIA H100 80GB HBM3, 70000, 11559, 90",
         "1, NVIDIA H100 80GB HBM3, 70000, 11559, 0",
         "2, NVIDIA H100 80GB HBM3, 0, 81559, 0",
         "3, NVIDIA H100 80GB HBM3, 0, 81559, 0",
     ]
-    _, apps = nvidia_smi.run(["--query-compute-apps=pid,process_name,used_memory",
-                              "--format=csv,noheader"], config)
+    _, apps = nvidia_smi.run(
+        ["--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"], config
+    )
     assert apps.splitlines() == ["4242, python3, 69000 MiB", "4242, python3, 69000 MiB"]
     _, table = nvidia_smi.run([], config)
     assert "4242" in table and "No running processes found" not in table
@@ -138,7 +153,8 @@ def test_broken_state_files_fall_back_to_defaults(tmp_path: Path) -> None:
 def test_no_apps_means_empty_output_or_header_only(config: dict[str, object]) -> None:
     assert nvidia_smi.run(["--query-compute-apps=pid", "--format=csv,noheader"], config) == (0, "")
     assert nvidia_smi.run(["--query-compute-apps=pid,used_memory", "--format=csv"], config) == (
-        0, "pid, used_gpu_memory [MiB]\n"
+        0,
+        "pid, used_gpu_memory [MiB]\n",
     )
 
 
@@ -148,11 +164,19 @@ def test_installed_launcher_runs_with_the_given_python(tmp_path: Path) -> None:
     launcher = install_nvidia_smi(home, python=sys.executable)
     res = subprocess.run(
         [str(launcher), "--query-gpu=index,name", "--format=csv,noheader"],
-        capture_output=True, text=True, cwd="/", env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
         check=False,
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[7] == "7, NVIDIA B200"
-    bad = subprocess.run([str(launcher), "--query-gpu=nope", "--format=csv"],
-                         capture_output=True, text=True, env={"HOME": str(home)}, check=False)
+    bad = subprocess.run(
+        [str(launcher), "--query-gpu=nope", "--format=csv"],
+        capture_output=True,
+        text=True,
+        env={"HOME": str(home)},
+        check=False,
+    )
     assert bad.returncode == 2

@@ -67,10 +67,14 @@ def test_stop_tree_stops_a_process_and_its_children() -> None:
 
 def test_stop_tree_escalates_to_sigkill() -> None:
     stubborn = subprocess.Popen(
-        [sys.executable, "-c",
-         "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-         "print('ready', flush=True)\ntime.sleep(120)\n"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\ntime.sleep(120)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert stubborn.stdout is not None
     assert stubborn.stdout.readline().strip() == "ready"
@@ -108,8 +112,9 @@ def test_keypair_is_openssh_ed25519_with_private_mode_0600(tmp_path: Path) -> No
     assert (tmp_path / "k" / "id_ed25519.pub").read_text().strip() == public
     # a second key is a different key
     assert generate_keypair(tmp_path / "k2", "x").split()[1] != public.split()[1]
-    res = subprocess.run(["ssh-keygen", "-y", "-f", str(private)], capture_output=True,
-                         text=True, check=False)
+    res = subprocess.run(
+        ["ssh-keygen", "-y", "-f", str(private)], capture_output=True, text=True, check=False
+    )
     if res.returncode == 0:  # OpenSSH agrees on the public half
         assert res.stdout.split()[:2] == public.split()[:2]
 

@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sim_harness import Sim, make_home, patched_tree, run_sim, serve_args
 
-from fleet.sandbox import nvidia_smi
+from fleet.onhost import nvidia_smi
 
 
 @pytest.fixture(scope="module")

@@ -31,9 +31,7 @@ def inventory(tmp_path: Path) -> Path:
         ["source", "show", "--host", "nope", "a.py"],
     ],
 )
-def test_usage_errors(
-    args: list[str], inventory: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_usage_errors(args: list[str], inventory: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = run_cli(cli, ["--inventory", str(inventory), *args])
     captured = capsys.readouterr()
     assert code == 2, captured.err
@@ -49,20 +47,30 @@ def test_unreachable_is_exit_3(
     monkeypatch.setenv("FLEET_CONNECT_ATTEMPTS", "1")
     code = run_cli(cli, ["--inventory", str(inventory), "source", "show", "--host", "h1", "a.py"])
     assert code == 3
-    assert "h1: unreachable:" in capsys.readouterr().err
+    assert "h1: cannot connect to 127.0.0.1:1" in capsys.readouterr().err
 
 
 def test_host_strings_are_printed_literally(capsys: pytest.CaptureFixture[str]) -> None:
     """Host names, paths, lines and errors are printed as they are (never as markup)."""
-    from fleet.cli.cmd_source import _echo_failures, _print_shown
+    from fleet.cli.cmd_source import _finish, _print_shown
+    from fleet.cli.context import AppContext
     from fleet.source import ShownFile
     from fleet.transport import HostOutcome
 
-    shown = ShownFile(vllm_dir="/v", file="/v/[/p].py", path="[/p].py", total_lines=2, start=1,
-                      lines=[(1, "x = '[/bold]'\\"), (2, "[red]y")])
-    _print_shown([HostOutcome("[/x]", "ok", value=shown)], "[/p].py")
-    _echo_failures([HostOutcome("[/down]", "failed", error="[/red] boom", hint="[/dim]")])
+    shown = ShownFile(
+        vllm_dir="/v",
+        file="/v/[/p].py",
+        path="[/p].py",
+        total_lines=2,
+        start=1,
+        lines=[(1, "x = '[/bold]'\\"), (2, "[red]y")],
+    )
+    _print_shown([HostOutcome("[/x]", "ok", value=shown)], "[/p].py", raw=False)
+    _finish(
+        AppContext("inventory.yaml"),
+        [HostOutcome("[/down]", "failed", error="[/red] boom", hint="[/dim]", exit=1)],
+    )
     captured = capsys.readouterr()
     assert "==> [/x]: [/p].py:1-2 <==" in captured.out
     assert "1  x = '[/bold]'\\" in captured.out and "2  [red]y" in captured.out
-    assert "[/down]: failed: [/red] boom" in captured.err and "next: [/dim]" in captured.err
+    assert "[/down]: [/red] boom" in captured.err and "next: [/dim]" in captured.err

@@ -1,43 +1,35 @@
-"""fleet.source: input checks, command builders and output parsers.
+"""fleet.source: input checks, the on-host source script, and the output parsers.
 
-The built commands are run LOCALLY with ``sh -c`` against a small vLLM-shaped tree (and
-the real 0.17.0 tree) on PYTHONPATH: that proves the quoting (hostile names stay inert),
-the ``realpath`` containment check and the output protocol without any SSH.
+The on-host calls are run LOCALLY (a ``LocalRunner``, i.e. ``<login shell> -c COMMAND`` as
+sshd would) against a small vLLM-shaped tree (and the real trees) on PYTHONPATH: that
+proves the quoting (hostile names stay inert), the containment check on the host and the
+output protocol without any SSH.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fleet.errors import OperationFailed, UsageError
+from fleet.inventory import HostSpec
 from fleet.source import (
-    EXIT_ESCAPES,
-    EXIT_NO_VLLM,
-    EXIT_NOT_A_FILE,
-    EXIT_NOT_FOUND,
     FileSpec,
     GrepResult,
     PathEscapesTree,
     check_regex,
     check_relative,
-    grep_command,
+    grep_tree,
     parse_file_spec,
     parse_grep_output,
     parse_show_output,
-    refusal,
-    sh_command,
-    shell_word,
-    show_command,
+    show_file,
 )
+from fleet.transport import LocalRunner
 
 HOSTILE = "we ird 'q\" ; $(touch PWNED1) `touch PWNED2` | touch PWNED3 & #.py"
 
@@ -66,13 +58,13 @@ def site(tmp_path: Path) -> Path:
     return site
 
 
-def sh(command: str, site: Path | None, cwd: Path) -> subprocess.CompletedProcess[str]:
+def host(
+    site: Path | None, cwd: Path, python: str = "python3", shell: str = "/bin/sh"
+) -> LocalRunner:
     env = {"PATH": os.environ["PATH"], "HOME": str(cwd), "LANG": "C.UTF-8"}
     if site is not None:
         env["PYTHONPATH"] = str(site)
-    return subprocess.run(
-        ["sh", "-c", command], capture_output=True, text=True, env=env, cwd=cwd, timeout=60
-    )
+    return LocalRunner(HostSpec(name="h1", python=python), cwd=cwd, env=env, login_shell=shell)
 
 
 def no_markers(where: Path) -> None:
@@ -135,9 +127,7 @@ def test_regex_checked_locally() -> None:
 
 def test_show_range(site: Path, tmp_path: Path) -> None:
     spec = parse_file_spec("model_executor/models/deepseek_v2.py:19-21")
-    res = sh(show_command(sys.executable, spec), site, tmp_path)
-    assert res.returncode == 0, res.stderr
-    shown = parse_show_output(res.stdout, spec)
+    shown = show_file(host(site, tmp_path, sys.executable), spec)
     assert shown.path == "model_executor/models/deepseek_v2.py"
     assert shown.vllm_dir == str((site / "vllm").resolve())
     assert shown.total_lines == 21
@@ -150,52 +140,55 @@ def test_show_range(site: Path, tmp_path: Path) -> None:
 
 def test_show_whole_file_and_past_the_end(site: Path, tmp_path: Path) -> None:
     spec = parse_file_spec("model_executor/models/deepseek_v2.py")
-    shown = parse_show_output(sh(show_command("python3", spec), site, tmp_path).stdout, spec)
+    shown = show_file(host(site, tmp_path), spec)
     assert [n for n, _ in shown.lines] == list(range(1, 22))
     spec = parse_file_spec("model_executor/models/deepseek_v2.py:100-")
-    shown = parse_show_output(sh(show_command("python3", spec), site, tmp_path).stdout, spec)
+    shown = show_file(host(site, tmp_path), spec)
     assert shown.lines == [] and shown.total_lines == 21
 
 
 def test_show_symlink_inside_the_tree_is_fine(site: Path, tmp_path: Path) -> None:
-    spec = parse_file_spec("inside_link.py:1-1")
-    res = sh(show_command("python3", spec), site, tmp_path)
-    shown = parse_show_output(res.stdout, spec)
+    shown = show_file(host(site, tmp_path), parse_file_spec("inside_link.py:1-1"))
     assert shown.path == "model_executor/models/deepseek_v2.py" and shown.lines == [(1, "line 1")]
 
 
 @pytest.mark.parametrize("path", ["escape_file.py", "escape_dir/secret.py"])
 def test_show_symlink_escape_is_refused_on_the_host(site: Path, tmp_path: Path, path: str) -> None:
-    res = sh(show_command("python3", parse_file_spec(path)), site, tmp_path)
-    assert res.returncode == EXIT_ESCAPES
-    assert "outside the tree" not in res.stdout and res.stdout == ""
-    error = refusal(res.returncode, path, "h1")
-    assert isinstance(error, PathEscapesTree) and error.exit_code == 2
+    conn = host(site, tmp_path)
+    with pytest.raises(PathEscapesTree) as info:
+        show_file(conn, parse_file_spec(path))
+    assert info.value.exit_code == 2 and info.value.code == "path-escapes-tree"
+    assert "outside the tree" not in conn.commands[-1]
 
 
 def test_show_missing_file_and_directory(site: Path, tmp_path: Path) -> None:
-    res = sh(show_command("python3", parse_file_spec("nope.py")), site, tmp_path)
-    assert res.returncode == EXIT_NOT_FOUND
-    assert isinstance(refusal(res.returncode, "nope.py", "h1"), OperationFailed)
-    res = sh(show_command("python3", parse_file_spec("model_executor")), site, tmp_path)
-    assert res.returncode == EXIT_NOT_A_FILE
+    with pytest.raises(OperationFailed) as info:
+        show_file(host(site, tmp_path), parse_file_spec("nope.py"))
+    assert info.value.code == "path-not-found" and info.value.exit_code == 1
+    with pytest.raises(OperationFailed) as info:
+        show_file(host(site, tmp_path), parse_file_spec("model_executor"))
+    assert info.value.code == "not-a-file"
+
+
+def test_show_refuses_special_files_without_blocking(site: Path, tmp_path: Path) -> None:
+    os.mkfifo(site / "vllm" / "fifo.py")
+    with pytest.raises(OperationFailed) as info:
+        show_file(host(site, tmp_path), parse_file_spec("fifo.py"), timeout=30)
+    assert info.value.code == "not-a-file"
 
 
 def test_show_without_vllm(tmp_path: Path) -> None:
-    res = sh(show_command("python3", parse_file_spec("a.py")), None, tmp_path)
-    assert res.returncode == EXIT_NO_VLLM
-    error = refusal(res.returncode, "a.py", "h1", res.stderr)
-    assert error is not None and "vLLM is not installed" in str(error)
-    res = sh(show_command("/nonexistent/python", parse_file_spec("a.py")), None, tmp_path)
-    assert res.returncode == EXIT_NO_VLLM
+    with pytest.raises(OperationFailed, match="vLLM is not installed") as info:
+        show_file(host(None, tmp_path), parse_file_spec("a.py"))
+    assert info.value.code == "vllm-not-found"
+    with pytest.raises(OperationFailed) as info:
+        show_file(host(None, tmp_path, "/nonexistent/python"), parse_file_spec("a.py"))
+    assert info.value.code == "python-missing"
 
 
 def test_show_hostile_file_name_is_inert(site: Path, tmp_path: Path) -> None:
     spec = parse_file_spec(f"model_executor/models/{HOSTILE}:1-3")
-    command = show_command("python3", spec)
-    res = sh(command, site, tmp_path)
-    assert res.returncode == 0, res.stderr
-    shown = parse_show_output(res.stdout, spec)
+    shown = show_file(host(site, tmp_path), spec)
     assert shown.path == f"model_executor/models/{HOSTILE}"
     assert [t for _, t in shown.lines] == ["first", "$(touch PWNED4) `touch PWNED5`", "third"]
     no_markers(tmp_path)
@@ -206,8 +199,7 @@ def test_show_hostile_interpreter_is_inert(site: Path, tmp_path: Path) -> None:
     odd.parent.mkdir()
     odd.symlink_to(sys.executable)
     spec = parse_file_spec("model_executor/models/deepseek_v2.py:1-1")
-    res = sh(show_command(str(odd), spec), site, tmp_path)
-    assert parse_show_output(res.stdout, spec).lines == [(1, "line 1")]
+    assert show_file(host(site, tmp_path, str(odd)), spec).lines == [(1, "line 1")]
     no_markers(tmp_path)
 
 
@@ -215,8 +207,7 @@ def test_show_on_real_vllm_0170(tmp_path: Path) -> None:
     from fleet.sandbox.vllm_source import vllm_tree
 
     spec = parse_file_spec("model_executor/models/deepseek_v2.py:1263-1265")
-    res = sh(show_command("python3", spec), vllm_tree("0.17.0"), tmp_path)
-    shown = parse_show_output(res.stdout, spec)
+    shown = show_file(host(vllm_tree("0.17.0"), tmp_path), spec)
     assert shown.lines[0] == (1263, "class DeepseekV2ForCausalLM(")
     assert "SupportsEagle" in shown.lines[1][1] and "SupportsEagle3" not in shown.lines[1][1]
 
@@ -236,13 +227,16 @@ def grep(
     includes: tuple[str, ...] = (),
     limit: int = 1000,
 ) -> GrepResult:
-    command = grep_command(
-        "python3", regex, path, ignore_case=ignore_case, fixed=fixed, max_count=max_count,
-        includes=includes, limit=limit,
+    return grep_tree(
+        host(site, cwd),
+        regex,
+        path,
+        ignore_case=ignore_case,
+        fixed=fixed,
+        max_count=max_count,
+        includes=includes,
+        limit=limit,
     )
-    res = sh(command, site, cwd)
-    assert res.returncode == 0, res.stderr
-    return parse_grep_output(res.stdout, limit)
 
 
 def test_grep_tree_skips_pycache_and_symlinked_dirs(site: Path, tmp_path: Path) -> None:
@@ -263,11 +257,15 @@ def test_grep_options(site: Path, tmp_path: Path) -> None:
     assert result.matches == []
 
 
+def test_grep_skips_fifos_inside_the_tree(site: Path, tmp_path: Path) -> None:
+    os.mkfifo(site / "vllm" / "model_executor" / "pipe.py")
+    result = grep(site, tmp_path, "line 2[01]")
+    assert [m.line for m in result.matches] == [20]
+
+
 def test_grep_hostile_regex_is_inert(site: Path, tmp_path: Path) -> None:
     result = grep(site, tmp_path, "$(touch PWNED4) `touch PWNED5`", fixed=True)
-    assert [(m.path, m.line) for m in result.matches] == [
-        (f"model_executor/models/{HOSTILE}", 2)
-    ]
+    assert [(m.path, m.line) for m in result.matches] == [(f"model_executor/models/{HOSTILE}", 2)]
     for regex in ["'; touch PWNED8; '", '"; touch PWNED9; "', "-e x --include=$(touch PWNEDa)"]:
         grep(site, tmp_path, regex, fixed=True)
     result = grep(site, tmp_path, "x", f"model_executor/models/{HOSTILE}")
@@ -276,97 +274,54 @@ def test_grep_hostile_regex_is_inert(site: Path, tmp_path: Path) -> None:
 
 
 def test_grep_escape_refused(site: Path, tmp_path: Path) -> None:
-    res = sh(grep_command("python3", "SupportsEagle", "escape_dir"), site, tmp_path)
-    assert res.returncode == EXIT_ESCAPES and res.stdout == ""
+    with pytest.raises(PathEscapesTree):
+        grep(site, tmp_path, "SupportsEagle", "escape_dir")
 
 
 def test_grep_on_real_vllm_0180(tmp_path: Path) -> None:
     from fleet.sandbox.vllm_source import vllm_tree
 
-    res = sh(
-        grep_command("python3", r"^class \w+\(", "model_executor/models/kimi_k25.py"),
-        vllm_tree("0.18.0"),
-        tmp_path,
+    result = grep_tree(
+        host(vllm_tree("0.18.0"), tmp_path), r"^class \w+\(", "model_executor/models/kimi_k25.py"
     )
-    result = parse_grep_output(res.stdout)
-    assert ("model_executor/models/kimi_k25.py", 315) in [
-        (m.path, m.line) for m in result.matches
-    ]
+    assert ("model_executor/models/kimi_k25.py", 315) in [(m.path, m.line) for m in result.matches]
 
 
 # -- output parsers ---------------------------------------------------------------------
 
 
 def test_parse_grep_output() -> None:
-    out = "/v/vllm\0/v/vllm/a.py\x0012:x: y\n/v/vllm/b c.py\x003:z\ngarbage\n"
-    result = parse_grep_output(out)
+    out = b"/v/vllm/a.py\x0012:x: y\n/v/vllm/b c.py\x003:z\ngarbage\n/v/x\x00\xb2:odd\n"
+    result = parse_grep_output("/v/vllm", out)
     assert result.vllm_dir == "/v/vllm"
     assert [(m.path, m.line, m.text) for m in result.matches] == [
         ("a.py", 12, "x: y"),
         ("b c.py", 3, "z"),
     ]
-    assert result.warnings == ["unparsed grep line: 'garbage'"]
-    with pytest.raises(OperationFailed):
-        parse_grep_output("no NUL here")
+    assert result.warnings[0] == "unparsed grep line: 'garbage'" and len(result.warnings) == 2
 
 
 def test_parse_show_output() -> None:
     spec = FileSpec("a.py", 7, 8)
-    shown = parse_show_output("/v\0/v/a.py\0   42\0seven\n\n", spec)
+    answer = {"vllm_dir": "/v", "file": "/v/a.py", "total_lines": 42}
+    shown = parse_show_output(answer, b"seven\n\n", spec)
     assert (shown.total_lines, shown.lines) == (42, [(7, "seven"), (8, "")])
     with pytest.raises(OperationFailed):
-        parse_show_output("/v\0/v/a.py\0", spec)
+        parse_show_output({"vllm_dir": "/v"}, b"", spec)
 
 
 # -- any login shell ------------------------------------------------------------------
 
 
 LOGIN_SHELLS = [s for s in ("sh", "bash", "dash", "zsh", "fish", "tcsh", "csh") if shutil.which(s)]
-TRICKY = ["", "plain", "a'b", 'a"b', "a\\b", "a\\\\b", "\\", "'", "!", "x!y", "$HOME", "`id`",
-          "a b;c|d&e", "%s\\0%s", "*?[a]{b}~#()<>^"]
-
-
-@pytest.mark.parametrize("shell", LOGIN_SHELLS)
-def test_sh_command_reaches_sh_intact_from_any_login_shell(shell: str, tmp_path: Path) -> None:
-    """sshd runs ``<login shell> -c COMMAND``; whatever that shell is, ``sh`` gets the script
-    unchanged (fish reads ``\\\\`` in single quotes as one backslash, csh expands ``!``)."""
-    for text in TRICKY:
-        cmd = sh_command("printf '%s' " + shlex.quote(text))
-        res = subprocess.run([shell, "-c", cmd], capture_output=True, text=True, cwd=tmp_path,
-                             timeout=30)
-        assert (res.returncode, res.stdout) == (0, text), (shell, text, res.stderr)
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.text(st.characters(codec="utf-8", exclude_characters="\n\0")))
-def test_shell_word_property(text: str) -> None:
-    for shell in [s for s in ("sh", "fish", "tcsh") if s in LOGIN_SHELLS]:
-        res = subprocess.run([shell, "-c", "printf '%s' " + shell_word(text)],
-                             capture_output=True, timeout=30,
-                             env={"PATH": os.environ["PATH"], "LANG": "C.UTF-8"})
-        assert res.stdout.decode("utf-8", "surrogateescape") == text, (shell, text)
-
-
-def test_newline_cannot_be_sent() -> None:
-    with pytest.raises(UsageError):
-        sh_command("echo a\necho b")
 
 
 @pytest.mark.parametrize("shell", LOGIN_SHELLS)
 def test_show_and_grep_under_any_login_shell(shell: str, site: Path, tmp_path: Path) -> None:
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8",
-           "PYTHONPATH": str(site)}
+    conn = host(site, tmp_path, shell=str(shutil.which(shell)))
     spec = parse_file_spec("model_executor/models/deepseek_v2.py:20-21")
-    for cmd in (show_command("python3", spec), grep_command("python3", r"x\\y|line 1[5]")):
-        assert "\n" not in cmd and shlex.split(cmd)[:2] == ["sh", "-c"]
-    res = subprocess.run([shell, "-c", show_command("python3", spec)], capture_output=True,
-                         text=True, env=env, cwd=tmp_path, timeout=60)
-    assert res.returncode == 0, res.stderr
-    assert parse_show_output(res.stdout, spec).lines[0] == (20, "line 20")
-    res = subprocess.run([shell, "-c", grep_command("python3", r"x\\y|line 1[5]")],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
-    assert res.returncode == 0, res.stderr
-    assert [m.line for m in parse_grep_output(res.stdout).matches] == [15]
+    assert show_file(conn, spec).lines[0] == (20, "line 20")
+    assert [m.line for m in grep_tree(conn, r"x\\y|line 1[5]").matches] == [15]
 
 
 def test_vllm_in_the_login_directory_does_not_shadow_the_installed_one(
@@ -377,6 +332,5 @@ def test_vllm_in_the_login_directory_does_not_shadow_the_installed_one(
     (tmp_path / "vllm" / "__init__.py").write_text("")
     (decoy / "deepseek_v2.py").write_text("decoy\n")
     spec = parse_file_spec("model_executor/models/deepseek_v2.py:1")
-    res = sh(show_command("python3", spec), site, tmp_path)  # cwd is tmp_path
-    shown = parse_show_output(res.stdout, spec)
+    shown = show_file(host(site, tmp_path), spec)  # cwd is tmp_path
     assert shown.vllm_dir == str((site / "vllm").resolve()) and shown.lines == [(1, "line 1")]

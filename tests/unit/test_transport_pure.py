@@ -1,8 +1,7 @@
-"""Pure parts of the transport: quoting, host-key files, fault classification, fan-out."""
+"""Pure parts of the transport: host-key files, fault classification, the parallel map."""
 
 from __future__ import annotations
 
-import shlex
 import socket
 import subprocess
 import threading
@@ -13,26 +12,10 @@ import pytest
 
 from fleet.errors import ConnectError, OperationFailed
 from fleet.inventory import HostSpec
-from fleet.transport import exit_code, fan_out, to_command
+from fleet.transport import exit_code, map_hosts
 from fleet.transport.connection import _is_transient
 from fleet.transport.hostkeys import check_key, fingerprint, known_hosts_name, pin_key
 from fleet.transport.session import Session
-
-NASTY = ["a b", "it's", 'say "hi"', "x;touch {m}", "$(touch {m})", "`touch {m}`", "*", "\\n"]
-
-
-def test_argv_is_quoted_and_inert(tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
-    args = [a.format(m=marker) for a in NASTY]
-    cmd = to_command(["printf", "%s\\n", *args])
-    out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, cwd=tmp_path)
-    assert out.stdout.splitlines() == args
-    assert not marker.exists()
-    assert shlex.split(cmd)[2:] == args
-
-
-def test_string_command_is_sent_as_is() -> None:
-    assert to_command("ls | wc -l") == "ls | wc -l"
 
 
 def _key() -> paramiko.PKey:
@@ -131,61 +114,43 @@ def test_jump_spec_parsing() -> None:
     assert session.jump_spec(HostSpec(name="x")) is None
 
 
-class _StubConn:
-    def __init__(self, host: HostSpec) -> None:
-        self.host = host
-
-
-class _StubSession:
-    """Stands in for Session only to test the parallel map's bookkeeping."""
-
-    def __init__(self, down: set[str]) -> None:
-        self.down = down
-        self.active = 0
-        self.peak = 0
-        self.lock = threading.Lock()
-
-    def connect(self, host: HostSpec) -> _StubConn:
-        if host.name in self.down:
-            raise ConnectError(host.name, "cannot connect: connection refused")
-        return _StubConn(host)
-
-    def close(self) -> None:
-        pass
-
-
-def test_fan_out_bounds_parallelism_and_keeps_order() -> None:
+def test_map_hosts_bounds_parallelism_and_keeps_order() -> None:
     hosts = [HostSpec(name=f"h{i:02d}") for i in range(20)]
-    stub = _StubSession(down={"h03"})
+    lock = threading.Lock()
+    active = peak = 0
     four_in_flight = threading.Event()
 
-    def work(conn: _StubConn) -> str:
-        with stub.lock:
-            stub.active += 1
-            stub.peak = max(stub.peak, stub.active)
+    def work(host: HostSpec) -> str:
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
         try:
-            if conn.host.name == "h07":
+            if host.name == "h03":
+                raise ConnectError(host.name, "cannot connect: connection refused")
+            if host.name == "h07":
                 raise OperationFailed("h07: disk full")
-            if conn.host.name == "h08":
+            if host.name == "h08":
                 raise ValueError("bug")
             # The first workers wait until four are in flight at once: only possible if the
             # map really runs --forks of them in parallel (a serial map never gets there).
-            with stub.lock:
-                if stub.active == 4:
+            with lock:
+                if active == 4:
                     four_in_flight.set()
             four_in_flight.wait(timeout=10)
-            return conn.host.name.upper()
+            return host.name.upper()
         finally:
-            with stub.lock:
-                stub.active -= 1
+            with lock:
+                active -= 1
 
-    outcomes = fan_out(stub, hosts, work, forks=4)  # type: ignore[arg-type]
+    outcomes = map_hosts(hosts, work, forks=4)
     assert [o.host for o in outcomes] == [h.name for h in hosts]
-    assert stub.peak == 4  # parallel, and never more than --forks
+    assert peak == 4  # parallel, and never more than --forks
     by = {o.host: o for o in outcomes}
     assert by["h03"].status == "unreachable" and "refused" in (by["h03"].error or "")
     assert by["h07"].status == "failed" and by["h07"].error == "disk full"
     assert by["h08"].status == "failed" and "ValueError" in (by["h08"].error or "")
+    assert by["h08"].code == "internal-error" and isinstance(by["h08"].exc, ValueError)
     assert by["h00"].value == "H00"
     assert exit_code(outcomes) == 3
     assert exit_code([o for o in outcomes if o.host != "h03"]) == 1
@@ -199,15 +164,235 @@ def test_failure_lines_escape_markup() -> None:
     from fleet.transport import HostOutcome
 
     out = Console(record=True, width=200, force_terminal=False)
-    render._console = out
-    try:
-        render.print_outcomes(
-            [HostOutcome("[/x]", "unreachable", error="[bold]boom[/bold] at [/]", hint="[/red]")],
-            ["col"],
-            lambda v: [str(v)],
-        )
-    finally:
-        render._console = None
+    render.host_table(
+        out,
+        [HostOutcome("[/x]", "unreachable", error="[bold]boom[/bold] at [/]", hint="[/red]")],
+        ["col"],
+        lambda v: [str(v)],
+    )
     text = out.export_text()
     assert "[/x]: [bold]boom[/bold] at [/]" in text
     assert "next: [/red]" in text
+
+
+# -- known_hosts: OpenSSH semantics, special files, locking --------------------------------
+
+
+def _pub(name: str = "a") -> paramiko.PKey:
+    return paramiko.Ed25519Key.from_private_key_file(str(_KEYFILE.parent / name))
+
+
+def _line(host: str, key: paramiko.PKey, marker: str = "") -> str:
+    return f"{marker + ' ' if marker else ''}{host} {key.get_name()} {key.get_base64()}\n"
+
+
+def _hashed(host: str, salt: bytes = b"s" * 20) -> str:
+    import base64
+    import hashlib
+    import hmac
+
+    digest = hmac.new(salt, host.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+def test_lines_openssh_skips_do_not_break_the_others(tmp_path: Path) -> None:
+    key = _pub()
+    junk = [
+        b"# a comment\n",
+        b"\n",
+        b"   \t  \n",
+        b"garbage\n",
+        b"@bogus-marker h ssh-ed25519 AAAA\n",
+        b"h ssh-ed25519 not!base64\n",
+        b"h ssh-dss AAAAB3NzaC1kc3MAAACBAP\n",
+        b"h sk-ssh-ed25519@openssh.com AAAAGnNrLXNzaC1lZDI1NTE5QG9wZW5zc2guY29t\n",
+        b"h ssh-rsa " + key.get_base64().encode() + b"\n",  # blob of another type
+        b"\xff\xfe\x00 binary \x80\n",
+        b"h\n",
+        b"h ssh-ed25519\n",
+        b"@cert-authority *.example " + _line("", key).strip().encode() + b"\n",
+    ]
+    kh = tmp_path / "known_hosts"
+    kh.write_bytes(b"".join(junk) + _line("[10.0.0.5]:2200", key).encode())
+    assert check_key(kh, "[10.0.0.5]:2200", key).status == "pinned"
+    assert check_key(kh, "10.0.0.6", key).status == "unknown"
+    from fleet.transport.hostkeys import load_known_hosts
+
+    known = load_known_hosts(kh)
+    assert len(known.entries) == 1 and len(known.cert_authorities) == 1
+    assert known.skipped == 9  # every line above but the comment, blanks and the CA
+
+
+def test_hashed_wildcard_and_negated_hosts_match_like_openssh(tmp_path: Path) -> None:
+    key = _pub()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(
+        _line(_hashed("[10.0.0.5]:2200"), key)
+        + _line("*.gpu.example,!bad.gpu.example", key)
+        + _line("rack?-*", key)
+    )
+    for name in ("[10.0.0.5]:2200", "b200.gpu.example", "B200.GPU.example", "rack1-b200"):
+        assert check_key(kh, name, key).status == "pinned", name
+    for name in ("[10.0.0.5]:2201", "bad.gpu.example", "gpu.example", "rack12-x"):
+        assert check_key(kh, name, key).status == "unknown", name
+    # ssh-keygen -H writes the same hashes fleet matches
+    plain = tmp_path / "plain"
+    plain.write_text(_line("[10.0.0.9]:22", key) + _line("10.0.0.8", key))
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(plain)], check=True, capture_output=True)
+    assert "10.0.0.8" not in plain.read_text()
+    assert check_key(plain, "10.0.0.8", key).status == "pinned"
+
+
+def test_revoked_key_is_refused_even_when_pinned(tmp_path: Path) -> None:
+    from fleet.errors import HostKeyError
+
+    key, other = _pub("a"), _pub("b")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(_line("h1", key) + _line("*", key, "@revoked") + _line("h2", other))
+    with pytest.raises(HostKeyError, match=r"REVOKED"):
+        check_key(kh, "h1", key)
+    assert check_key(kh, "h2", other).status == "pinned"  # another key: not revoked
+    with pytest.raises(HostKeyError, match="REVOKED"):
+        pin_key(kh, "h3", key)
+    assert "h3" not in kh.read_text()
+
+
+def test_several_keys_of_one_type_any_matches(tmp_path: Path) -> None:
+    key, other = _pub("a"), _pub("b")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(_line("h1", other) + _line("h1", key))
+    assert check_key(kh, "h1", key).status == "pinned"
+    assert check_key(kh, "h1", other).status == "pinned"
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    import os
+    import stat
+
+    path = tmp_path / f"kh-{kind}"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind in ("null-device", "zero-device"):
+        minor = 3 if kind == "null-device" else 5
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+        except PermissionError:
+            pytest.skip("mknod not permitted")
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(path))
+        sock.close()
+    return path
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["fifo", "directory", "null-device", "zero-device", "socket"])
+def test_special_files_are_refused_not_read_or_replaced(tmp_path: Path, kind: str) -> None:
+    import os
+    import stat
+
+    from fleet.transport.hostkeys import KnownHostsError
+
+    path = _special(tmp_path, kind)
+    before = os.lstat(path)
+    with pytest.raises(KnownHostsError, match="not a regular file") as err:
+        check_key(path, "h1", _pub())
+    assert "\n" not in str(err.value)
+    with pytest.raises(KnownHostsError, match="not a regular file"):
+        pin_key(path, "h1", _pub())
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    with pytest.raises(KnownHostsError, match="not a regular file"):
+        pin_key(link, "h1", _pub())
+    after = os.lstat(path)
+    assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    assert link.is_symlink()
+
+
+def test_pin_writes_through_a_symlink(tmp_path: Path) -> None:
+    key = _pub()
+    target = tmp_path / "real" / "known_hosts"
+    target.parent.mkdir()
+    target.write_text("# kept\n" + _line("h0", _pub("b")).rstrip("\n"))  # no final newline
+    target.chmod(0o644)
+    link = tmp_path / "known_hosts"
+    link.symlink_to(target)
+    pin_key(link, "h1", key)
+    assert link.is_symlink()
+    assert target.read_text().splitlines() == [
+        "# kept",
+        _line("h0", _pub("b")).strip(),
+        _line("h1", key).strip(),
+    ]
+    assert oct(target.stat().st_mode & 0o777) == "0o644"  # mode kept
+    pin_key(link, "h1", key)  # already pinned: not written twice
+    assert target.read_text().count("h1 ") == 1
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "created-here")
+    pin_key(dangling, "h2", key)
+    assert dangling.is_symlink() and "h2 " in (tmp_path / "created-here").read_text()
+
+
+def test_unwritable_places_are_one_line(tmp_path: Path) -> None:
+    from fleet.transport.hostkeys import KnownHostsError
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(KnownHostsError, match="cannot write known_hosts") as err:
+        pin_key(not_a_dir / "known_hosts", "h1", _pub())
+    assert "\n" not in str(err.value)
+    nowhere = tmp_path / "link"
+    nowhere.symlink_to(tmp_path / "missing-dir" / "kh")
+    with pytest.raises(KnownHostsError, match="does not exist"):
+        pin_key(nowhere, "h1", _pub())
+
+
+def test_names_that_would_add_lines_or_patterns_are_not_pinned(tmp_path: Path) -> None:
+    from fleet.errors import UsageError
+
+    kh = tmp_path / "known_hosts"
+    for name in ("h1\n* ssh-ed25519 AAAA", "*", "h1,h2", "!h", "@revoked", "#x", "a b", ""):
+        with pytest.raises(UsageError, match="refusing to pin"):
+            pin_key(kh, name, _pub())
+    assert not kh.exists() or kh.read_text() == ""
+
+
+def _pin_many(path: str, keyfile: str, names: list[str]) -> None:
+    key = paramiko.Ed25519Key.from_private_key_file(keyfile)
+    for name in names:
+        pin_key(Path(path), name, key)
+
+
+def test_concurrent_pins_from_processes_lose_nothing(tmp_path: Path) -> None:
+    import multiprocessing
+
+    kh = tmp_path / "known_hosts"
+    ctx = multiprocessing.get_context("fork")
+    groups = [[f"p{p}-h{i}" for i in range(40)] for p in range(3)]
+    procs = [
+        ctx.Process(target=_pin_many, args=(str(kh), str(_KEYFILE), names)) for names in groups
+    ]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    lines = kh.read_text().splitlines()
+    assert sorted(line.split()[0] for line in lines) == sorted(n for g in groups for n in g)
+
+
+def test_off_port_22_the_bare_host_is_checked_too(tmp_path: Path) -> None:
+    # OpenSSH: nothing of the key's type under [host]:port -> "checking without port
+    # identifier"; only an exact, unrevoked match there is accepted
+    key, other = _pub("a"), _pub("b")
+    kh = tmp_path / "known_hosts"
+    kh.write_text(_line("10.0.0.5", key))
+    assert check_key(kh, "[10.0.0.5]:2200", key).status == "pinned"
+    assert check_key(kh, "[10.0.0.5]:2200", other).status == "unknown"
+    kh.write_text(_line("[10.0.0.5]:2200", other) + _line("10.0.0.5", key))
+    assert check_key(kh, "[10.0.0.5]:2200", key).status == "changed"  # the port's key wins
+    kh.write_text(_line("10.0.0.5", key) + _line("10.0.0.5", key, "@revoked"))
+    assert check_key(kh, "[10.0.0.5]:2200", key).status == "unknown"

@@ -19,14 +19,12 @@ What it reports comes from two optional JSON files under ``$HOME/.fleet-sandbox/
   "processes": [{"pid": 123, "name": "python3", "gpus": [0, 1], "used_memory_mib": 1000}]}``.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Dict, List, Optional, Tuple
 
-DEFAULTS: dict[str, Any] = {
+DEFAULTS: Dict[str, Any] = {
     "gpu_name": "NVIDIA B200",
     "gpu_count": 8,
     "memory_total_mib": 183359,
@@ -42,7 +40,7 @@ DEFAULTS: dict[str, Any] = {
 BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
 
 # field -> (canonical name, unit shown in the header and after values, or "")
-FIELDS: dict[str, tuple[str, str]] = {
+FIELDS: Dict[str, Tuple[str, str]] = {
     "count": ("count", ""),
     "index": ("index", ""),
     "name": ("name", ""),
@@ -73,7 +71,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "mig.mode.current": ("mig.mode.current", ""),
 }
 
-APP_FIELDS: dict[str, tuple[str, str]] = {
+APP_FIELDS: Dict[str, Tuple[str, str]] = {
     "pid": ("pid", ""),
     "process_name": ("process_name", ""),
     "name": ("process_name", ""),
@@ -87,7 +85,7 @@ APP_FIELDS: dict[str, tuple[str, str]] = {
 INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
 
 
-def _load(path: str) -> dict[str, Any]:
+def _load(path: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -96,7 +94,7 @@ def _load(path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def load_config(home: str | None = None) -> dict[str, Any]:
+def load_config(home: Optional[str] = None) -> Dict[str, Any]:
     """The host's GPU description and current load, defaults filled in."""
     base = os.path.join(home or os.path.expanduser("~"), ".fleet-sandbox")
     config = dict(DEFAULTS)
@@ -115,7 +113,7 @@ def _per_gpu(values: Any, index: int, default: int) -> int:
     return default
 
 
-def gpus(config: dict[str, Any]) -> list[dict[str, Any]]:
+def gpus(config: Dict[str, Any]) -> List[Dict[str, Any]]:
     """One dict per GPU with every canonical field (numbers unformatted)."""
     state = config.get("state") or {}
     total = int(config["memory_total_mib"])
@@ -161,7 +159,7 @@ def _fmt(value: Any, unit: str, units: bool) -> str:
     return f"{text} {unit}" if unit and units else text
 
 
-def _parse_format(spec: str) -> tuple[bool, bool] | None:
+def _parse_format(spec: str) -> Optional[Tuple[bool, bool]]:
     opts = [o.strip() for o in spec.split(",") if o.strip()]
     if "csv" not in opts or any(o not in ("csv", "noheader", "nounits") for o in opts):
         return None
@@ -169,9 +167,9 @@ def _parse_format(spec: str) -> tuple[bool, bool] | None:
 
 
 def _csv(
-    rows: list[dict[str, Any]],
-    names: list[str],
-    table: dict[str, tuple[str, str]],
+    rows: List[Dict[str, Any]],
+    names: List[str],
+    table: Dict[str, Tuple[str, str]],
     header: bool,
     units: bool,
 ) -> str:
@@ -188,7 +186,7 @@ def _csv(
     return "".join(line + "\n" for line in lines)
 
 
-def _select(all_gpus: list[dict[str, Any]], ids: str | None) -> list[dict[str, Any]] | None:
+def _select(all_gpus: List[Dict[str, Any]], ids: Optional[str]) -> Optional[List[Dict[str, Any]]]:
     if ids is None:
         return all_gpus
     chosen = []
@@ -202,8 +200,8 @@ def _select(all_gpus: list[dict[str, Any]], ids: str | None) -> list[dict[str, A
 
 
 def query_gpu(
-    config: dict[str, Any], fields: str, fmt: str, ids: str | None = None
-) -> tuple[int, str]:
+    config: Dict[str, Any], fields: str, fmt: str, ids: Optional[str] = None
+) -> Tuple[int, str]:
     names = [f.strip() for f in fields.split(",") if f.strip()]
     for name in names:
         if name not in FIELDS:
@@ -217,7 +215,7 @@ def query_gpu(
     return 0, _csv(rows, names, FIELDS, *parsed)
 
 
-def query_apps(config: dict[str, Any], fields: str, fmt: str) -> tuple[int, str]:
+def query_apps(config: Dict[str, Any], fields: str, fmt: str) -> Tuple[int, str]:
     names = [f.strip() for f in fields.split(",") if f.strip()]
     for name in names:
         if name not in APP_FIELDS:
@@ -247,24 +245,24 @@ def query_apps(config: dict[str, Any], fields: str, fmt: str) -> tuple[int, str]
     return 0, _csv(rows, names, APP_FIELDS, *parsed)
 
 
-def list_gpus(config: dict[str, Any]) -> str:
+def list_gpus(config: Dict[str, Any]) -> str:
     return "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n" for g in gpus(config))
 
 
 WIDTH = 89  # inner width of nvidia-smi's table
 
 
-def _rule(fill: str = "-", cells: tuple[int, ...] = ()) -> str:
+def _rule(fill: str = "-", cells: Tuple[int, ...] = ()) -> str:
     if not cells:
         return "+" + fill * WIDTH + "+"
     return "|" + "+".join(fill * c for c in cells) + "|"
 
 
-def _row(*cells: tuple[str, int]) -> str:
+def _row(*cells: Tuple[str, int]) -> str:
     return "|" + "|".join(f" {text:<{width - 2}} " for text, width in cells) + "|"
 
 
-def summary(config: dict[str, Any]) -> str:
+def summary(config: Dict[str, Any]) -> str:
     """The default ``nvidia-smi`` table (abridged to the lines people read)."""
     cols = (41, 24, 22)
     lines = [
@@ -338,7 +336,7 @@ def summary(config: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _option(argv: list[str], i: int, names: tuple[str, ...]) -> tuple[str | None, int]:
+def _option(argv: List[str], i: int, names: Tuple[str, ...]) -> Tuple[Optional[str], int]:
     """Value of ``--opt=value`` / ``--opt value`` / ``-i value`` at argv[i], and the next index."""
     arg = argv[i]
     for name in names:
@@ -360,7 +358,7 @@ HELP = """NVIDIA System Management Interface -- fleet sandbox stand-in.
 """
 
 
-def run(argv: list[str], config: dict[str, Any]) -> tuple[int, str]:
+def run(argv: List[str], config: Dict[str, Any]) -> Tuple[int, str]:
     """Exit code and stdout for ``nvidia-smi argv`` (pure: no I/O)."""
     query_gpu_fields = query_app_fields = fmt = ids = None
     listing = False
@@ -405,7 +403,7 @@ def run(argv: list[str], config: dict[str, Any]) -> tuple[int, str]:
     return 0, summary(config)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     code, out = run(list(sys.argv[1:] if argv is None else argv), load_config())
     sys.stdout.write(out)
     sys.stdout.flush()

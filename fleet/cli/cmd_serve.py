@@ -1,0 +1,391 @@
+"""``fleet serve``, ``fleet status``, ``fleet stop`` and ``fleet profile``."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from fleet.cli.context import AppContext, host_option, pass_app
+from fleet.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from fleet.serving.service import ServeResult
+    from fleet.serving.status import StopReport
+    from fleet.transport import HostOutcome, Runner
+
+OUTCOME_STYLE = {
+    "ready": "bold green",
+    "launched": "green",
+    "crashed": "bold red",
+    "stalled": "red",
+    "timeout": "red",
+    "refused": "yellow",
+}
+STATE_STYLE = {
+    "ready": "bold green",
+    "loading": "cyan",
+    "starting": "cyan",
+    "crashed": "bold red",
+    "stopped": "dim",
+}
+
+
+# --------------------------------------------------------------------------- serve
+
+
+class Display:
+    """What ``fleet serve`` shows while it waits: a live table on a terminal, one line per
+    phase change otherwise, one JSON object per event with ``--events``."""
+
+    def __init__(self, app: AppContext, hosts: list[str], *, events: bool) -> None:
+        self.app = app
+        self.events = events
+        self.lock = threading.Lock()
+        self.rows: dict[str, dict[str, Any]] = {h: {"phase": "connecting"} for h in hosts}
+        self.live: Any = None
+        self.started = time.monotonic()
+        out = app.err_console
+        self.tty = out.is_terminal and not app.json_output and not events
+
+    def __enter__(self) -> Display:
+        if self.tty:
+            from rich.live import Live
+
+            self.live = Live(
+                get_renderable=self.table, console=self.app.err_console, refresh_per_second=4
+            )
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        from fleet.cli.render import emit_json_line, escape
+
+        with self.lock:
+            row = self.rows.setdefault(event["host"], {})
+            kind = event["event"]
+            if kind == "progress":
+                row.update({k: event.get(k) for k in ("phase", "percent", "eta_s", "shards")})
+                if event.get("last_line"):
+                    row["last"] = event["last_line"]
+                row["elapsed_s"] = event.get("elapsed_s")
+            elif kind == "phase":
+                row["phase"] = event["phase"]
+            elif kind == "result":
+                row["phase"] = event.get("outcome")
+            if self.events:
+                emit_json_line(event)
+                return
+            if self.tty or self.app.json_output:
+                return
+            line = _event_line(event)
+            if line:
+                self.app.err_console.print(
+                    f"{escape(event['host'])}: {escape(line)}", soft_wrap=True
+                )
+
+    def table(self) -> Any:
+        from rich.markup import escape
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        table = Table(box=None, pad_edge=False, expand=False)
+        for col in ("host", "phase", "progress", "shards", "elapsed", "ETA", "last line"):
+            table.add_column(
+                col, no_wrap=True, overflow="ellipsis", max_width=60 if col == "last line" else None
+            )
+        with self.lock:
+            for host, row in self.rows.items():
+                pct = row.get("percent")
+                bar = (
+                    ProgressBar(total=100, completed=pct or 0, width=20) if pct is not None else ""
+                )
+                shards = row.get("shards") or {}
+                table.add_row(
+                    escape(host),
+                    escape(str(row.get("phase") or "")),
+                    bar,
+                    f"{shards.get('done')}/{shards.get('total')}" if shards else "",
+                    _clock(row.get("elapsed_s")),
+                    _clock(row.get("eta_s")),
+                    escape(str(row.get("last") or "")),
+                )
+        return table
+
+
+def _clock(seconds: Any) -> str:
+    if not isinstance(seconds, int | float):
+        return ""
+    s = int(seconds)
+    return (
+        f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+    )
+
+
+def _event_line(event: dict[str, Any]) -> str | None:
+    kind = event["event"]
+    t = f"[{_clock(event.get('t'))}]"
+    if kind == "preflight":
+        found = event.get("diagnoses") or []
+        return f"{t} preflight: " + ("ok" if event.get("ok") else "found " + ", ".join(found))
+    if kind == "launch":
+        return f"{t} launched under {event.get('supervisor')} supervisord, pid {event.get('pid')}"
+    if kind == "phase":
+        return f"{t} phase {event['phase']}"
+    if kind == "crash":
+        return f"{t} crashed in {event.get('phase')}: {', '.join(event.get('diagnoses') or [])}"
+    if kind == "stall":
+        return f"{t} stalled in {event.get('phase')}"
+    if kind == "readiness":
+        spec = event.get("spec_decode") or {}
+        rate = spec.get("acceptance_rate")
+        extra = f", acceptance rate {rate:.2f}" if isinstance(rate, float) else ""
+        return f"{t} ready: {', '.join(event.get('steps') or [])}{extra}"
+    return None
+
+
+@click.command()
+@click.argument("profile")
+@host_option()
+@click.option("--no-wait", is_flag=True, help="Return once vLLM is started (follow later).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=None, metavar="S",
+              help="Load budget in seconds [default: the profile's load_timeout_s].")  # fmt: skip
+@click.option("--stall-timeout", type=click.FloatRange(min=1), default=None, metavar="S",
+              help="No new output for S seconds: stalled [default: the profile's].")  # fmt: skip
+@click.option("--skip-preflight", is_flag=True, help="Start even if preflight finds a problem.")
+@click.option("--restart", is_flag=True, help="Replace a server already running this profile.")
+@click.option("--events", is_flag=True, help="One JSON object per event on stdout.")
+@pass_app
+def serve(
+    app: AppContext,
+    profile: str,
+    hosts: tuple[str, ...],
+    no_wait: bool,
+    timeout: float | None,
+    stall_timeout: float | None,
+    skip_preflight: bool,
+    restart: bool,
+    events: bool,
+) -> int:
+    """Serve PROFILE (playbooks/PROFILE.yaml) on each host: preflight, start vLLM under a
+    supervisor, follow the load with progress, then check readiness and the acceptance rate.
+
+    Preflight refuses in seconds what would crash after the load (EAGLE-3 support, GPUs
+    and memory, drafter/target fit, files, the port). Exit 0 when every host is ready, 1 if
+    one crashed, stalled, timed out or was refused, 2 for bad input, 3 if unreachable.
+    """
+    from fleet.serving.profile import profile_path
+    from fleet.serving.service import ServeOptions, serve_host
+    from fleet.transport import exit_code
+
+    profile_path(profile)  # an unknown profile is exit 2 before connecting
+    selected = app.select(hosts)
+    session = app.session()
+    options = ServeOptions(
+        wait=not no_wait,
+        skip_preflight=skip_preflight,
+        restart=restart,
+        timeout=timeout,
+        stall_timeout=stall_timeout,
+    )
+    inventory = {h.name: h for h in selected}
+    with Display(app, [h.name for h in selected], events=events) as display:
+
+        def one(conn: Runner) -> ServeResult:
+            return serve_host(session, inventory[conn.host.name], profile, options, display)
+
+        outcomes = app.fan_out(selected, one, session)
+    if app.json_output:
+        from fleet.cli.render import emit_json
+        from fleet.transport import hosts_json
+
+        emit_json(hosts_json(outcomes, lambda r: r.to_json()))
+    elif not events:
+        _render_serve(app.console, outcomes)
+    return exit_code(outcomes)
+
+
+def _render_serve(out: Console, outcomes: list[HostOutcome[ServeResult]]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from fleet.cli.cmd_logs import render_diagnoses
+    from fleet.cli.render import failure_lines
+
+    table = Table(title="fleet serve", title_justify="left")
+    for col in ("host", "outcome", "phase", "elapsed", "endpoint", "acceptance"):
+        table.add_column(col, no_wrap=True)
+    for o in outcomes:
+        r = o.value
+        if r is None:
+            table.add_row(escape(o.host), f"[bold red]{escape(o.status)}[/]", *(["-"] * 4))
+            continue
+        spec = r.spec_decode
+        acc = "-"
+        if spec is not None and spec.acceptance_rate is not None:
+            acc = f"{spec.acceptance_rate:.2f} (mean length {spec.mean_acceptance_length:.2f})"
+        style = OUTCOME_STYLE.get(r.outcome, "")
+        table.add_row(
+            escape(o.host),
+            f"[{style}]{escape(r.outcome)}[/]",
+            escape(r.phase),
+            _clock(r.elapsed_s),
+            escape(r.endpoint or "-"),
+            acc,
+        )
+    out.print(table)
+    failure_lines(out, [o for o in outcomes if o.value is None])
+    for o in outcomes:
+        r = o.value
+        if r is None:
+            continue
+        if r.message and r.outcome not in ("ready",):
+            out.print(f"[bold]{escape(o.host)}[/]: {escape(r.message)}", soft_wrap=True)
+        for note in r.notes:
+            out.print(f"  [yellow]note:[/] {escape(note)}", soft_wrap=True)
+        if r.spec_decode is not None and r.spec_decode.per_position:
+            rates = ", ".join(f"{p:.2f}" for p in r.spec_decode.per_position)
+            out.print(f"  [dim]{escape(o.host)}: per-position acceptance {rates}[/]")
+        if r.diagnoses:
+            render_diagnoses(out, r.diagnoses, where=f"{o.host} (serve {r.profile})", lines=None)
+
+
+# --------------------------------------------------------------------------- status / stop
+
+
+@click.command()
+@click.argument("profile", required=False)
+@host_option()
+@pass_app
+def status(app: AppContext, profile: str | None, hosts: tuple[str, ...]) -> int:
+    """Each profile's server per host: starting, loading (phase, %), ready, crashed or
+    stopped; pid, uptime, endpoint, the last acceptance rate."""
+    from fleet.serving.status import host_status
+    from fleet.transport import exit_code
+
+    selected = app.select(hosts)
+    session = app.session()
+    outcomes = app.fan_out(selected, lambda c: host_status(c, profile), session)
+    if app.json_output:
+        from fleet.cli.render import emit_json
+        from fleet.transport import hosts_json
+
+        emit_json(
+            hosts_json(
+                outcomes, lambda profiles: {"profiles": {p.name: p.to_json() for p in profiles}}
+            )
+        )
+        return exit_code(outcomes)
+    from rich.markup import escape
+    from rich.table import Table
+
+    from fleet.cli.render import failure_lines
+
+    table = Table(title="fleet status", title_justify="left")
+    for col in ("host", "profile", "state", "phase", "pid", "uptime", "endpoint", "acceptance"):
+        table.add_column(col, no_wrap=True)
+    for o in outcomes:
+        for p in o.value or []:
+            style = STATE_STYLE.get(p.state, "")
+            phase = p.phase + (f" {p.percent:.0f}%" if p.percent is not None else "")
+            acc = f"{p.acceptance_rate:.2f}" if p.acceptance_rate is not None else "-"
+            table.add_row(
+                escape(o.host), escape(p.name), f"[{style}]{p.state}[/]", escape(phase),
+                str(p.pid or "-"), _clock(p.uptime_s) or "-", escape(p.endpoint or "-"), acc,
+            )  # fmt: skip
+        if o.ok and not o.value:
+            table.add_row(escape(o.host), "-", "[dim]no profiles[/]", "", "", "", "", "")
+    app.console.print(table)
+    failure_lines(app.console, outcomes)
+    return exit_code(outcomes)
+
+
+@click.command()
+@click.argument("profile")
+@host_option()
+@pass_app
+def stop(app: AppContext, profile: str, hosts: tuple[str, ...]) -> int:
+    """Stop PROFILE's server through its supervisor: TERM, then KILL after the grace
+    period; idempotent ("already stopped"). Reports the GPU memory in use afterwards."""
+    from fleet.serving.profile import profile_path
+    from fleet.serving.status import stop_host
+    from fleet.transport import exit_code
+
+    profile_path(profile)
+    selected = app.select(hosts)
+    session = app.session()
+    inventory = {h.name: h for h in selected}
+    outcomes = app.fan_out(
+        selected, lambda c: stop_host(c, inventory[c.host.name], profile), session
+    )
+    if app.json_output:
+        from fleet.cli.render import emit_json
+        from fleet.transport import hosts_json
+
+        emit_json(hosts_json(outcomes, lambda r: r.to_json()))
+        return exit_code(outcomes)
+    from fleet.cli.render import host_table
+
+    def cells(r: StopReport) -> list[str]:
+        what = "already stopped" if not r.was_running else f"stopped pid {r.pid}"
+        if r.stopped_in_s is not None:
+            what += f" in {r.stopped_in_s:.1f}s"
+        return [what, f"{r.gpu_memory_used_mib} MiB" if r.gpu_memory_used_mib is not None else "-"]
+
+    host_table(
+        app.console, outcomes, ["result", "GPU memory used after"], cells, title="fleet stop"
+    )
+    return exit_code(outcomes)
+
+
+# --------------------------------------------------------------------------- profile
+
+
+@click.group()
+def profile() -> None:
+    """Serve profiles: their JSON Schema, and a profile rendered for a host."""
+
+
+@profile.command("schema")
+def profile_schema() -> int:
+    """The JSON Schema of serve profiles (for editors)."""
+    from fleet.cli.render import emit_json
+    from fleet.serving.profile import schema
+
+    emit_json(schema())
+    return EXIT_OK
+
+
+@profile.command("show")
+@click.argument("name")
+@click.option("--host", "host", required=True, metavar="HOST", help="The host to render it for.")
+@pass_app
+def profile_show(app: AppContext, name: str, host: str) -> int:
+    """PROFILE rendered with HOST's inventory variables (secrets are named, never read)."""
+    import yaml
+
+    from fleet.errors import UsageError
+    from fleet.serving.profile import for_host
+
+    matches = app.select([host])
+    if len(matches) != 1:
+        raise UsageError(f"--host {host!r} matches {len(matches)} hosts; give one host")
+    rendered = for_host(name, matches[0])
+    doc = rendered.model_dump(mode="json", exclude_none=True)
+    if app.json_output:
+        from fleet.cli.render import emit_json
+
+        emit_json(doc)
+    else:
+        sys.stdout.write(f"# {name} rendered for {matches[0].name}\n")
+        sys.stdout.write(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+    return EXIT_OK

@@ -1,0 +1,227 @@
+"""Following a log through a 40-minute load: one long-lived remote stream from a byte
+offset, resumed after a dropped connection with no byte lost or repeated.
+
+The remote command (:func:`follow_command`) prints a header ``\\x1eFLEET <token> <inode>
+<size>\\x1e``, then ``tail -c +<offset+1> -F`` of the log, and — when the followed process
+(``pid``) has exited — an end marker ``\\x1eFLEET-END <token>\\x1e`` (record separators and a
+random token: no log line can look like them). fleet keeps the command's stdin open; when
+fleet goes away the remote side sees its end and stops the ``tail`` (nothing outlives the
+follow). :class:`LogFollower` counts the bytes it received; when the stream breaks
+(``ConnectionLost``) it reconnects with backoff (tenacity) and asks for the byte after the
+last one it has. A log whose inode changed, or that is shorter than the offset, was rotated
+or truncated: the follow restarts at its first byte and says so.
+"""
+
+from __future__ import annotations
+
+import secrets as _secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from fleet.errors import ConnectError
+from fleet.transport import shell
+from fleet.transport.shell import RemotePath
+
+if TYPE_CHECKING:
+    from fleet.inventory import HostSpec
+    from fleet.transport import Runner
+
+
+class Connects(Protocol):
+    """What the follower needs of a session: the host's connection, and a new one."""
+
+    def connect(self, host: HostSpec) -> Runner: ...
+
+    def reconnect(self, host: HostSpec) -> Runner: ...
+
+
+RS = b"\x1e"
+_FOLLOW = (
+    "exec 3<&0; f={{path}}; "
+    "st=$(stat -L -c '%i %s' -- \"$f\" 2>/dev/null) || st='0 0'; "
+    "printf '\\036FLEET %s %s\\036' {{token}} \"$st\"; "
+    '( exec tail -c +{{start}} -F -- "$f" 2>/dev/null ) & t=$!; '
+    '( cat <&3 >/dev/null 2>&1; kill "$t" 2>/dev/null ) & c=$!; '
+    'while kill -0 "$t" 2>/dev/null && { [ {{pid}} -eq 0 ] || kill -0 {{pid}} 2>/dev/null; }; '
+    "do sleep 1; done; "
+    'sleep 1; kill "$t" 2>/dev/null; wait "$t" 2>/dev/null; kill "$c" 2>/dev/null; '
+    "if [ {{pid}} -ne 0 ] && ! kill -0 {{pid}} 2>/dev/null; then "
+    "printf '\\036FLEET-END %s\\036' {{token}}; fi"
+)
+
+
+def follow_command(path: str, *, start: int, pid: int, token: str) -> shell.Command:
+    """The remote follow: header, ``tail -c +start -F``, the end marker when ``pid`` ends."""
+    return shell.sh(
+        shell.script(_FOLLOW, path=RemotePath(path), start=int(start), pid=int(pid), token=token)
+    )
+
+
+@dataclass
+class FollowStats:
+    bytes: int = 0
+    reconnects: int = 0
+    rotations: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class Ended(Exception):
+    """The followed process exited (the remote side printed the end marker)."""
+
+
+class LogFollower:
+    """The bytes of a remote log from ``offset`` on, across reconnects.
+
+    Iterate :meth:`chunks`: it yields log bytes, or ``b""`` every ``tick`` seconds of
+    silence (so the caller can watch budgets and stalls), and returns when the followed
+    process exits (:attr:`exited`) or after :meth:`close`. A broken stream is reopened
+    from the next byte; opening a new connection is retried with exponential backoff
+    (tenacity) for up to ``reconnect_s`` seconds."""
+
+    def __init__(
+        self,
+        session: Connects,
+        host: HostSpec,
+        path: str,
+        *,
+        pid: int = 0,
+        offset: int = 0,
+        inode: int | None = None,
+        tick: float = 1.0,
+        reconnect_s: float = 120.0,
+    ) -> None:
+        self.session = session
+        self.host = host
+        self.path = path
+        self.pid = pid
+        self.offset = offset
+        self.inode = inode
+        self.tick = tick
+        self.reconnect_s = reconnect_s
+        self.exited = False
+        self.stats = FollowStats()
+        self._closed = False
+
+    def close(self) -> None:
+        self._closed = True
+
+    def _reconnect(self) -> Runner:
+        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+        retrying = Retrying(
+            stop=stop_after_delay(self.reconnect_s),
+            wait=wait_exponential(multiplier=0.25, max=5),
+            retry=retry_if_exception_type(ConnectError),
+            reraise=True,
+        )
+        return retrying(self.session.reconnect, self.host)
+
+    def chunks(self) -> Iterator[bytes]:
+        conn: Runner = self.session.connect(self.host)
+        while not self._closed and not self.exited:
+            try:
+                yield from self._one_stream(conn)
+                if self._restart:  # rotated or truncated: again, from the new start
+                    self._restart = False
+                    continue
+                return
+            except ConnectError:
+                if self._closed:
+                    return
+                self.stats.reconnects += 1
+                conn = self._reconnect()
+
+    _restart = False
+
+    def _one_stream(self, conn: Runner) -> Iterator[bytes]:
+        """One remote stream: its header (a rotation check), then bytes until its end."""
+        token = _secrets.token_hex(8)
+        head = RS + b"FLEET " + token.encode() + b" "
+        end = RS + b"FLEET-END " + token.encode() + RS
+        keep = len(end) - 1  # a marker split across two chunks stays in the buffer
+        command = follow_command(self.path, start=self.offset + 1, pid=self.pid, token=token)
+        stream = conn.stream_bytes(command, timeout=self.tick, tick=True)
+        buf = b""
+        header = False
+        try:
+            for data in stream:
+                if self._closed:
+                    return
+                if not data:
+                    yield b""
+                    continue
+                buf += data
+                if not header:
+                    start = buf.find(head)
+                    stop = buf.find(RS, start + len(head)) if start >= 0 else -1
+                    if stop < 0:
+                        continue
+                    if self._rotated(buf[start + len(head) : stop].split()):
+                        self._restart = True
+                        return
+                    buf = buf[stop + 1 :]
+                    header = True
+                cut = buf.find(end)
+                if cut >= 0:
+                    yield from self._take(buf[:cut])
+                    self.exited = True
+                    return
+                if len(buf) > keep:
+                    yield from self._take(buf[:-keep])
+                    buf = buf[-keep:]
+            # no end marker: the connection (or the remote follow) broke; what came is kept
+            if header:
+                yield from self._take(buf)
+            if not self._closed:
+                raise _Dropped(self.host.name, "the log stream ended without its end marker")
+        finally:
+            stream.close()
+
+    def _take(self, data: bytes) -> Iterator[bytes]:
+        if data:
+            self.offset += len(data)
+            self.stats.bytes += len(data)
+            yield data
+
+    def _rotated(self, fields: list[bytes]) -> bool:
+        try:
+            inode, size = int(fields[0]), int(fields[1])
+        except (IndexError, ValueError):
+            return False
+        rotated = self.inode is not None and inode not in (0, self.inode)
+        truncated = size < self.offset
+        if inode:
+            self.inode = inode
+        if not (rotated or truncated):
+            return False
+        what = "rotated" if rotated else "truncated"
+        self.stats.rotations += 1
+        self.stats.notes.append(
+            f"{self.path} was {what} at byte {self.offset}: following the new log from its start"
+        )
+        self.offset = 0
+        return True
+
+
+class _Dropped(ConnectError):
+    code = "connection-lost"
+
+
+def physical_lines(buffered: bytes) -> tuple[list[str], bytes]:
+    """Complete physical lines of ``buffered`` split on ``\\n`` AND ``\\r`` (tqdm redraws a
+    bar with ``\\r``; CUDA-graph capture is one line of ``\\r``-separated updates), and the
+    incomplete rest."""
+    lines: list[str] = []
+    start = 0
+    for i, byte in enumerate(buffered):
+        if byte in (10, 13):
+            if i > start:
+                lines.append(buffered[start:i].decode("utf-8", errors="replace"))
+            start = i + 1
+    return lines, buffered[start:]
+
+
+def elapsed_since(started: float) -> float:
+    return time.monotonic() - started

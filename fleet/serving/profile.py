@@ -1,0 +1,283 @@
+"""Serve profiles: ``playbooks/<name>.yaml``, Jinja2-rendered per host, pydantic-validated.
+
+A profile says what to serve and how (target and drafter, parallel sizes, the speculative
+config, port, budgets, supervisor). Every string in it is a Jinja2 template rendered with
+the host's inventory variables (``{{ models_dir }}/Kimi-K2.5``), so one profile serves a
+fleet whose hosts differ; the rendered profile is then validated (unknown keys refused,
+only the speculative-config keys vLLM accepts). Profiles are found in ``./playbooks/``
+first, then in the installed package. Pure apart from reading the profile file and the
+secrets' env file.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from fleet.errors import UsageError
+from fleet.paths import playbooks_dir
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_PROFILE_BYTES = 256 * 1024
+
+
+class ProfileError(UsageError):
+    code = "profile-invalid"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpeculativeConfig(_Model):
+    """``--speculative-config`` (only keys vLLM's SpeculativeConfig accepts)."""
+
+    method: Literal["eagle3", "eagle", "mtp"] = "eagle3"
+    model: str = Field(min_length=1, description="The drafter: a local path or a hub id.")
+    num_speculative_tokens: int = Field(ge=1, le=16)
+    draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
+
+
+class Secrets(_Model):
+    """Secrets by reference: an env file on the CONTROL machine (``KEY=value`` lines),
+    pushed to the host with mode 0600 and read by the server's launch script. Never on a
+    command line, in a log or in JSON."""
+
+    env_file: str = Field(description="Path on the control machine, e.g. ~/.config/fleet/kimi.env")
+    required: list[str] = Field(default_factory=list, description="Keys that must be set.")
+
+
+class Profile(_Model):
+    """A serve profile, rendered for one host."""
+
+    name: str
+    description: str = ""
+    model: str = Field(min_length=1, description="The target model: a local path or a hub id.")
+    served_model_name: str = Field(min_length=1)
+    tensor_parallel_size: int = Field(ge=1, le=64)
+    speculative: SpeculativeConfig
+    port: int = Field(default=8000, ge=1, le=65535)
+    host: str = Field(default="0.0.0.0", description="vLLM's --host (the address it binds).")
+    max_model_len: int | None = Field(default=None, ge=16)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    trust_remote_code: bool = False
+    extra_args: list[str] = Field(default_factory=list, description="More `vllm serve` args.")
+    env: dict[str, str] = Field(default_factory=dict, description="Server environment.")
+    secrets: Secrets | None = None
+    requires_patch: str | None = Field(
+        default=None, description="A patch set the host must have (fleet patch --patch NAME)."
+    )
+    vllm: str | None = Field(
+        default=None,
+        description="The vllm executable on the host [default: `vllm` beside the host's python].",
+    )
+    load_timeout_s: float = Field(default=3600.0, gt=0, description="Budget for the whole load.")
+    stall_timeout_s: float = Field(
+        default=600.0, gt=0, description="No new output and no progress for this long: stalled."
+    )
+    supervisor: Literal["auto", "supervisord", "systemd"] = "auto"
+    restart: Literal["never", "on-failure"] = Field(
+        default="never",
+        description="on-failure: restart after a crash once the server was up (vLLM exits 0 "
+        "when its engine dies after start-up, so exit 0 counts as a failure too).",
+    )
+    stop_grace_s: float = Field(default=30.0, gt=0, le=600)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("lower-case letters, digits, '.', '_' and '-' (at most 64)")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, item in value.items():
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+            if "\0" in item or "\n" in item:
+                raise ValueError(f"{key}: a value may not hold a NUL or a newline")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            if "\0" in arg or "\n" in arg:
+                raise ValueError("an argument may not hold a NUL or a newline")
+            if arg.split("=", 1)[0] in ("--api-key",):
+                raise ValueError("--api-key belongs in the secrets env file (VLLM_API_KEY)")
+        return value
+
+    def vllm_executable(self, python: str) -> str:
+        """``vllm`` beside the host's python, unless the profile names one."""
+        if self.vllm:
+            return self.vllm
+        parent = python.rsplit("/", 1)[0] if "/" in python else ""
+        return f"{parent}/vllm" if parent else "vllm"
+
+    def speculative_json(self) -> str:
+        import json
+
+        return json.dumps(self.speculative.model_dump(exclude_none=True), separators=(",", ":"))
+
+    def vllm_args(self) -> list[str]:
+        """``vllm serve`` arguments, as vLLM's argparse reads them."""
+        args = [
+            self.model,
+            "--served-model-name",
+            self.served_model_name,
+            "--tensor-parallel-size",
+            str(self.tensor_parallel_size),
+            "--speculative-config",
+            self.speculative_json(),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--gpu-memory-utilization",
+            f"{self.gpu_memory_utilization:g}",
+        ]
+        if self.max_model_len is not None:
+            args += ["--max-model-len", str(self.max_model_len)]
+        if self.trust_remote_code:
+            args.append("--trust-remote-code")
+        return [*args, *self.extra_args]
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of serve profiles (``fleet profile schema``), for editors."""
+    doc = Profile.model_json_schema()
+    doc["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    doc["title"] = "fleet serve profile"
+    doc["description"] = (
+        "playbooks/<name>.yaml; every string is a Jinja2 template rendered with the host's "
+        "inventory variables (e.g. '{{ models_dir }}/Kimi-K2.5')."
+    )
+    return doc
+
+
+# -- finding, reading, rendering ----------------------------------------------------------
+
+
+def profile_path(name: str, search: list[Path] | None = None) -> Path:
+    """``./playbooks/NAME.yaml``, else the installed package's."""
+    if not _NAME.match(name):
+        raise ProfileError(f"invalid profile name {name!r}")
+    dirs = search if search is not None else [Path.cwd() / "playbooks", playbooks_dir()]
+    for directory in dirs:
+        candidate = directory / f"{name}.yaml"
+        if candidate.is_file():
+            return candidate
+    known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.yaml")})
+    raise ProfileError(
+        f"no serve profile {name!r} (in {', '.join(str(d) for d in dirs)})"
+        + (f"; known: {', '.join(known)}" if known else "")
+    )
+
+
+@cache
+def _raw(path: Path) -> dict[str, Any]:
+    from fleet.safeyaml import InputFileError, load_yaml_file
+
+    try:
+        data = load_yaml_file(path, max_bytes=MAX_PROFILE_BYTES, what="serve profile")
+    except InputFileError as exc:
+        raise ProfileError(str(exc)) from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: a serve profile must be a mapping")
+    return data
+
+
+def load_raw(name: str) -> tuple[Path, dict[str, Any]]:
+    path = profile_path(name)
+    return path, _raw(path)
+
+
+def _render_value(value: Any, context: dict[str, Any], where: str, env: Any) -> Any:
+    from jinja2 import TemplateError
+
+    if isinstance(value, str):
+        if "{{" not in value and "{%" not in value:
+            return value
+        try:
+            return env.from_string(value).render(context)
+        except TemplateError as exc:
+            raise ProfileError(f"{where}: {exc}") from None
+    if isinstance(value, dict):
+        return {k: _render_value(v, context, f"{where}.{k}", env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render_value(v, context, f"{where}[{i}]", env) for i, v in enumerate(value)]
+    return value
+
+
+def render(raw: dict[str, Any], context: dict[str, Any], *, label: str = "profile") -> Profile:
+    """A raw profile rendered with ``context`` (the host's variables) and validated."""
+    from jinja2 import StrictUndefined
+    from jinja2.sandbox import SandboxedEnvironment
+
+    env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+    rendered = _render_value(raw, context, label, env)
+    try:
+        return Profile.model_validate(rendered)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "(top)"
+        raise ProfileError(f"{label}: {loc}: {err['msg']}") from None
+
+
+def host_context(host: Any) -> dict[str, Any]:
+    """The variables a profile sees for a host: its inventory fields and free vars."""
+    context: dict[str, Any] = {
+        k: v for k, v in host.model_dump().items() if k not in ("vars",) and v is not None
+    }
+    context["host"] = host.name
+    context.update(getattr(host, "vars", None) or {})
+    return context
+
+
+def for_host(name: str, host: Any) -> Profile:
+    path, raw = load_raw(name)
+    return render(raw, host_context(host), label=f"{path.name} for {host.name}")
+
+
+def read_secrets(profile: Profile) -> dict[str, str]:
+    """The secrets env file of the control machine: ``KEY=value`` lines (``#`` comments,
+    optional ``export``, optional quotes). Values are never printed."""
+    from fleet.safeyaml import InputFileError, read_regular
+
+    if profile.secrets is None:
+        return {}
+    try:
+        path = Path(profile.secrets.env_file).expanduser()
+        text = read_regular(path, max_bytes=64 * 1024, what="secrets env file").decode("utf-8")
+    except (InputFileError, RuntimeError) as exc:
+        raise ProfileError(str(exc)) from None
+    except UnicodeDecodeError:
+        raise ProfileError(f"secrets env file {path} is not UTF-8 text") from None
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = line.removeprefix("export ").strip()
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not _ENV_NAME.match(key):
+            raise ProfileError(f"{path}:{n}: not a KEY=value line")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        if "\0" in value:
+            raise ProfileError(f"{path}:{n}: a value may not hold a NUL")
+        out[key] = value
+    missing = [k for k in profile.secrets.required if not out.get(k)]
+    if missing:
+        raise ProfileError(f"{path}: missing {', '.join(missing)}")
+    return out

@@ -1,0 +1,145 @@
+"""The remote side of ``fleet serve``, ``status`` and ``stop``: one on-host call each.
+
+The on-host script is ``fleet/onhost/serve.py`` (see it for what each operation does on
+the host); the answers are validated here with pydantic models. Secrets travel in the
+request on stdin only.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleet.onhost.runner import run_onhost
+from fleet.serving import units
+from fleet.serving.profile import Profile
+
+if TYPE_CHECKING:
+    from fleet.transport import Runner
+
+SCRIPT = "serve"
+PREFLIGHT_TIMEOUT = 120.0
+LAUNCH_TIMEOUT = 300.0
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class PreflightAnswer(_Answer):
+    home: str
+    python: str
+    vllm: dict[str, Any] = Field(default_factory=dict)
+    target: dict[str, Any] = Field(default_factory=dict)
+    drafter: dict[str, Any] = Field(default_factory=dict)
+    gpus: dict[str, Any] = Field(default_factory=dict)
+    port: dict[str, Any] = Field(default_factory=dict)
+    disk: dict[str, Any] = Field(default_factory=dict)
+    vllm_executable: dict[str, Any] = Field(default_factory=dict)
+    server: dict[str, Any] = Field(default_factory=dict)
+    supervisor: dict[str, Any] = Field(default_factory=dict)
+
+
+class LaunchAnswer(_Answer):
+    name: str
+    started_at: float
+    pid: int | None = None
+    log: str
+    log_inode: int
+    port: int | None = None
+    state: str
+    supervisor_source: str | None = None
+
+
+class ProgramState(_Answer):
+    state: str = "STOPPED"
+    supervisord: bool = False
+    pid: int | None = None
+    description: str | None = None
+
+
+class ProfileStatus(_Answer):
+    program: ProgramState = Field(default_factory=ProgramState)
+    launch: dict[str, Any] = Field(default_factory=dict)
+    now: float = 0.0
+    log_size: int | None = None
+    log_tail: str | None = None
+    health: int | None = None
+    metrics: str | None = None
+
+    def tail_bytes(self) -> bytes:
+        return base64.b64decode(self.log_tail) if self.log_tail else b""
+
+
+class StatusAnswer(_Answer):
+    profiles: dict[str, ProfileStatus] = Field(default_factory=dict)
+
+
+class StopAnswer(_Answer):
+    was_running: bool
+    state: str
+    pid: int | None = None
+    stopped_in_s: float | None = None
+    gpus: dict[str, Any] = Field(default_factory=dict)
+
+
+def preflight(conn: Runner, profile: Profile) -> PreflightAnswer:
+    python = conn.host.python
+    request = {
+        "op": "preflight",
+        "profile": {
+            "name": profile.name,
+            "model": profile.model,
+            "drafter": profile.speculative.model,
+            "host": "0.0.0.0" if profile.host in ("0.0.0.0", "::") else profile.host,
+            "port": profile.port,
+            "vllm": profile.vllm_executable(python),
+        },
+    }
+    return run_onhost(conn, SCRIPT, request, PreflightAnswer, timeout=PREFLIGHT_TIMEOUT)
+
+
+def launch(
+    conn: Runner,
+    profile: Profile,
+    *,
+    home: str,
+    secrets: dict[str, str],
+    restart: bool,
+) -> LaunchAnswer:
+    """Write the profile's files and start it under fleet's supervisord (installing
+    supervisor from the wheel fleet pushes when the host has none)."""
+    from fleet.wheels import supervisor_wheel
+
+    layout = units.Layout(home=home, profile=profile.name)
+    path = supervisor_wheel()
+    request = {
+        "op": "launch",
+        "name": profile.name,
+        "port": profile.port,
+        "restart": restart,
+        "stop_timeout": profile.stop_grace_s + 30,
+        "files": {
+            "launch.sh": units.launch_script(profile, layout, python=conn.host.python),
+            "secrets.env": units.secrets_file(secrets),
+            "program.conf": units.program_conf(profile, layout),
+            "supervisord.conf": units.supervisord_conf(layout),
+        },
+        "supervisor_wheel": base64.b64encode(path.read_bytes()).decode("ascii"),
+        "supervisor_wheel_name": path.name,
+    }
+    return run_onhost(conn, SCRIPT, request, LaunchAnswer, timeout=LAUNCH_TIMEOUT)
+
+
+def status(conn: Runner, names: list[str] | None = None, *, metrics: bool = False) -> StatusAnswer:
+    request = {"op": "status", "names": names or [], "metrics": metrics}
+    return run_onhost(conn, SCRIPT, request, StatusAnswer)
+
+
+def stop(conn: Runner, profile: str, *, timeout: float) -> StopAnswer:
+    return run_onhost(
+        conn, SCRIPT, {"op": "stop", "name": profile, "timeout": timeout}, StopAnswer,
+        timeout=timeout + 60,
+    )  # fmt: skip

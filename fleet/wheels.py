@@ -1,0 +1,66 @@
+"""Wheels fleet needs on the control machine, downloaded by name with pip and cached.
+
+``fleet.paths.cache_dir()/wheels/`` holds them (``$FLEET_CACHE`` overrides): the vLLM
+wheels the sandbox unpacks, and the supervisor wheel ``fleet serve`` pushes to hosts that
+have no supervisord (so hosts need no package index).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fleet.errors import OperationFailed
+from fleet.paths import cache_dir
+
+SUPERVISOR = "supervisor==4.3.0"
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock file: one download or unpack per name across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _find(wheels: Path, name: str, version: str) -> Path | None:
+    found = sorted(wheels.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+    found += sorted(wheels.glob(f"{name}-{version}-*.whl"))
+    return found[0] if found else None
+
+
+def wheel(requirement: str) -> Path:
+    """The cached wheel of ``name==version``, downloaded with pip (no dependencies) if
+    missing."""
+    name, sep, version = requirement.partition("==")
+    if not sep or not name or not version:
+        raise ValueError(f"a pinned requirement is needed (name==version), got {requirement!r}")
+    wheels = cache_dir() / "wheels"
+    with locked(cache_dir() / "locks" / f"wheel-{name}-{version}.lock"):
+        found = _find(wheels, name, version)
+        if found:
+            return found
+        wheels.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-cache-dir",
+            "--only-binary=:all:", "--dest", str(wheels), requirement,
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        found = _find(wheels, name, version)
+        if proc.returncode != 0 or not found:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise OperationFailed(f"could not download {requirement} with pip: {last}")
+        return found
+
+
+def supervisor_wheel() -> Path:
+    return wheel(SUPERVISOR)

@@ -1,0 +1,253 @@
+"""The rules of the layout (CONTRIBUTING.md), checked on the source itself.
+
+- no import cycle between fleet's modules (imports under ``if TYPE_CHECKING`` excepted);
+- shell text is quoted and assembled only in ``fleet/transport/shell.py``: no other module
+  imports ``shlex``, makes a ``Command``/``Raw`` from anything but a constant, or passes an
+  f-string, a concatenation or a literal string to ``run``/``stream``;
+- code that runs on a host lives only in ``fleet/onhost/`` (only its runner sends a Python
+  script to a host);
+- every module has its logger (``logging.getLogger(__name__)``) where it logs at all, and
+  the CLI never calls the remote layer's private helpers.
+
+``python -m tests.unit.test_layout`` prints the import graph's cycles (none) for the record.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "fleet"
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        name = ".".join(rel.parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+            if name == "TYPE_CHECKING":
+                for sub in node.body:
+                    skip |= {id(n) for n in ast.walk(sub)}
+    return skip
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_nodes(tree)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _package_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Edges between modules, ignoring a package's own ``__init__`` re-exports."""
+    return {
+        name: {t for t in targets if not name.startswith(t + ".")}
+        for name, targets in graph.items()
+    }
+
+
+def test_no_import_cycle() -> None:
+    found = cycles(_package_edges(import_graph()))
+    assert found == [], f"import cycles: {found}"
+
+
+def _py_files(skip: tuple[str, ...] = ()) -> Iterator[tuple[Path, ast.Module]]:
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel not in skip:
+            yield path, ast.parse(path.read_text())
+
+
+def _is_constant_text(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def test_shell_text_is_built_only_in_transport_shell() -> None:
+    problems = []
+    for path, tree in _py_files(skip=("transport/shell.py",)):
+        rel = path.relative_to(ROOT)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [a.name for a in node.names]
+                module = getattr(node, "module", None) or ""
+                if "shlex" in names or module == "shlex":
+                    problems.append(f"{rel}:{node.lineno}: imports shlex")
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if fname in ("Command", "Raw") and not all(_is_constant_text(a) for a in node.args):
+                problems.append(f"{rel}:{node.lineno}: {fname}() of a non-constant")
+            if fname in ("run", "stream") and isinstance(func, ast.Attribute) and node.args:
+                first = node.args[0]
+                handmade = isinstance(first, ast.JoinedStr | ast.BinOp) or _is_constant_text(first)
+                handmade |= (
+                    isinstance(first, ast.Call)
+                    and isinstance(first.func, ast.Attribute)
+                    and first.func.attr in ("format", "join", "replace")
+                    and not (
+                        isinstance(first.func.value, ast.Name) and first.func.value.id == "shell"
+                    )
+                )
+                if handmade and _receiver(func) in ("conn", "self", "gateway", "runner", "host"):
+                    problems.append(
+                        f"{rel}:{node.lineno}: a hand-built command passed to {fname}()"
+                    )
+    assert problems == []
+
+
+def _receiver(func: ast.Attribute) -> str:
+    value = func.value
+    if isinstance(value, ast.Name):
+        return value.id
+    if isinstance(value, ast.Attribute):
+        return value.attr
+    return ""
+
+
+def test_only_the_onhost_runner_sends_python_to_a_host() -> None:
+    offenders = []
+    for path, tree in _py_files(skip=("transport/shell.py", "onhost/runner.py")):
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "python"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "shell"
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+    shipped = {p.stem for p in (ROOT / "onhost").glob("*.py")} - {"__init__", "runner"}
+    outside = [
+        str(p.relative_to(ROOT))
+        for p in ROOT.rglob("*.py")
+        if "onhost" not in p.parts and "sys.path[:] = [p for p in sys.path" in p.read_text()
+    ]
+    assert shipped and outside == []
+
+
+def _logs(tree: ast.Module) -> bool:
+    """Does the module call ``log.<level>(...)`` or ``logging.<level>(...)``?"""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("debug", "info", "warning", "error", "exception")
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in ("log", "logger", "logging")
+        ):
+            return True
+    return False
+
+
+def test_every_module_that_logs_has_its_own_logger() -> None:
+    missing = []
+    for path, tree in _py_files():
+        if "onhost" in path.parts and path.stem != "runner":
+            continue  # runs on a host: answers, never logs
+        if _logs(tree) and "log = logging.getLogger(__name__)" not in path.read_text():
+            missing.append(str(path.relative_to(ROOT)))
+    assert missing == []
+    remote_layers = (
+        "transport/connection.py",
+        "transport/runner.py",
+        "transport/fanout.py",
+        "onhost/runner.py",
+    )
+    for rel in remote_layers:
+        assert _logs(ast.parse((ROOT / rel).read_text())), f"{rel} must log what it does (-vv)"
+
+
+def test_the_cli_uses_no_private_helper_of_another_package() -> None:
+    offenders = []
+    for path, tree in _py_files():
+        if "cli" not in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(tree):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if module and module.startswith("fleet") and not module.startswith("fleet.cli"):
+                offenders += [
+                    f"{path.name}: {module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    assert offenders == []
+
+
+if __name__ == "__main__":
+    graph = _package_edges(import_graph())
+    print(f"{len(graph)} modules, {sum(map(len, graph.values()))} import edges")
+    print("cycles:", cycles(graph) or "none")
