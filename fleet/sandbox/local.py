@@ -24,7 +24,7 @@ import time
 import venv
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from fleet.errors import OperationFailed
@@ -465,3 +465,23 @@ def install_vllm(env: Path, *, python: str) -> Path:
     path = env / "bin" / "vllm"
     write_text_atomic(path, executable("vllm_sim", "main", python), mode=0o755)
     return path
+
+
+def stage_rehearsal_files(root: Path, *, home: str = "/root", python: str | None = None) -> None:
+    """The rehearsal vLLM and the checkpoints of a host whose home is ``home``, written
+    under ``root`` (e.g. a container image's overlay of ``/``): ``root/<home>/ml-env/bin/
+    vllm`` (run by ``python``, default the env's) and ``root/<home>/models/``.
+
+    For backends that build a host's files elsewhere than in a local home (docker's
+    ``stage_serve_files(overlay, version)`` is ``stage_rehearsal_files(overlay)``)."""
+    from fleet.onhost.runner import executable
+    from fleet.sandbox.models import build_models
+
+    base = root / home.lstrip("/")
+    interpreter = python or str(PurePosixPath(home) / model.ENV_DIR / "bin" / "python")
+    write_text_atomic(
+        base / model.ENV_DIR / "bin" / "vllm",
+        executable("vllm_sim", "main", interpreter),
+        mode=0o755,
+    )
+    build_models(base)

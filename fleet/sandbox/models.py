@@ -23,11 +23,11 @@ read from the published files are from research/vllm-serve.md §5 ([verify on ho
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 from typing import Any
 
-from fleet.sandbox.local import write_text_atomic
 from fleet.sandbox.model import MODELS_DIR
 
 TARGET = "Kimi-K2.5"
@@ -261,6 +261,14 @@ def safetensors_header(tensors: dict[str, tuple[str, list[int]]]) -> bytes:
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8 bytes
     return struct.pack("<Q", len(raw)) + raw
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Through a temporary file and a rename: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _write_json(path: Path, doc: Any) -> None:
