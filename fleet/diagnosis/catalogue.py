@@ -87,7 +87,28 @@ class CompiledCatalogue:
 
 _ROLE_CONFIDENCE = {"cause": "high", "symptom": "medium", "wrapper": "low"}
 RUN_MIN = 20  # a literal run this long identifies a message (template matching)
+PIECE_MIN = 24  # a literal piece of a template this long is looked up in the runs
+DISTINCT_MIN = 12  # characters of non-generic words a run or piece needs to identify a message
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Words that occur in the messages of many unrelated raise sites ("X is only supported for
+# Y", "is not supported", "must be greater than"): a run made of these identifies nothing.
+_GENERIC_TEXT = """
+a an the this that these those it its is are was were be been being to of in on at for
+from by with without and or not no nor only must should can cannot could would will may
+has have had do does did than then into onto when while which who whom whose what if so
+as but also any all some such other more less same use used using set please try see
+supported support supports unsupported failed fail error errors invalid valid found
+allowed available required expected value values type types got given provided number
+greater smaller larger equal least most currently current yet now instead enabled
+disabled enable disable true false none
+"""
+GENERIC_WORDS = frozenset(_GENERIC_TEXT.split())
+
+
+def distinctive(text: str) -> int:
+    """Characters in the words of ``text`` that are not :data:`GENERIC_WORDS`."""
+    return sum(len(w) for w in _WORD.findall(text) if w.lower() not in GENERIC_WORDS)
 
 
 _EXC_PREFIX = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Warning)?:\s*")
@@ -95,11 +116,12 @@ _EXC_PREFIX = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception
 
 def _message_runs(regex: str) -> tuple[str, ...]:
     """Literal runs of a pattern that identify a message (an exception-type prefix such
-    as ``AssertionError: `` is not a message)."""
+    as ``AssertionError: `` is not a message, nor is a run of generic words such as
+    `` is only supported for ``)."""
     out = []
     for run in literal_runs(regex, RUN_MIN):
         run = _EXC_PREFIX.sub("", run, count=1)
-        if len(run.strip()) >= RUN_MIN:
+        if len(run.strip()) >= RUN_MIN and distinctive(run) >= DISTINCT_MIN:
             out.append(run)
     return tuple(out)
 
@@ -110,11 +132,13 @@ def template_patterns(cat: CompiledCatalogue, text: str) -> list[CompiledPattern
     ``{...}`` are unknown and which may be cut short.
 
     A pattern recognises it when its regex matches the text (fields as-is or as ``0``), or
-    one of the pattern's literal runs of >= RUN_MIN characters occurs in the text, or a
-    literal piece of the text of >= 24 characters occurs in one of the runs."""
+    one of the pattern's distinctive literal runs of >= RUN_MIN characters occurs in the
+    text, or a distinctive literal piece of the message (its exception-type prefix
+    removed) of >= PIECE_MIN characters occurs in one of the runs."""
     filled = _PLACEHOLDER.sub("0", text)
-    pieces = [p.strip() for p in _PLACEHOLDER.split(text)]
-    pieces = [p for p in pieces if len(p) >= 24]
+    message = _EXC_PREFIX.sub("", text, count=1)
+    pieces = [p.strip() for p in _PLACEHOLDER.split(message)]
+    pieces = [p for p in pieces if len(p) >= PIECE_MIN and distinctive(p) >= DISTINCT_MIN]
     hits: list[CompiledPattern] = []
     for pat in cat.patterns:
         if pat.context is not None:
