@@ -91,6 +91,15 @@ def test_the_committed_table_matches_the_catalogue() -> None:
             "ValueError: Async scheduling is not supported with pipeline-parallel-size > 1.",
             "pp-layer-mapping-error",
         ),
+        # a rank cannot reach the rendezvous store (multi-node start-up)
+        (
+            "torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to connect to (172.17.0.9, 46229).",
+            "nccl-timeout",
+        ),
+        (
+            "torch.distributed.DistStoreError: wait timeout after 600000ms, keys: /default_pg/0//cuda//0",
+            "nccl-timeout",
+        ),
         # memory, packages, engine
         (
             "ValueError: Externally held weights on device cuda:0 (70.0/79.2 GiB) exceed the desired GPU memory utilization (0.9, 71.3 GiB).",
