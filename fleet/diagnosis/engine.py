@@ -400,6 +400,10 @@ class Engine:
         self.candidates += 1
         for benign in cat.benign:
             if benign.search(text):
+                if cat.exception_line.match(text) is not None:
+                    # a traceback that ends in a benign exception (KeyboardInterrupt on
+                    # SIGTERM) is complete, not truncated
+                    self._traces.pop(norm.proc, None)
                 return
         for name, rx in cat.facts:
             m = rx.search(text)

@@ -9,6 +9,9 @@ Shipped (Python 3.8+, standard library only, never importing vLLM; bundled per r
 - ``facts.py``     ``fleet inspect``'s observations (one round trip)
 - ``patch.py``     ``fleet patch``'s fetch / atomic apply / revert
 - ``source.py``    ``fleet source``: locate, contain, then ``sed -n`` / ``grep -rn``
+- ``vllm_sim*.py`` the rehearsal vLLM of sandbox hosts: a simulated ``vllm serve``
+                   installed as ``<env>/bin/vllm`` (:func:`fleet.onhost.runner.executable`;
+                   no envelope: it talks like the tool it stands in for)
 
 Local only: ``runner.py`` (:func:`~fleet.onhost.runner.run_onhost`). Nothing outside this
 package ships code to a host (``tests/unit/test_onhost_contract.py`` checks every shipped

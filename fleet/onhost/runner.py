@@ -246,3 +246,17 @@ def run_raw(
     log.debug("%s: on-host %s answered %d bytes", conn.host.name, name, len(res.stdout_bytes))
     result, body = answer_of(conn.host.name, name, res, python)
     return RawAnswer(result, body, res.exit_code, res.stderr)
+
+
+def executable(name: str, entry: str, python: str) -> str:
+    """An executable on-host program: a shebang naming the host's ``python``, the bundle of
+    ``fleet/onhost/<name>.py`` and ``raise SystemExit(<entry>(sys.argv[1:]))``.
+
+    Used for the rehearsal ``<env>/bin/vllm`` (``executable("vllm_sim", "main", PY)``);
+    the envelope machinery is not involved (the program talks like the tool it stands in
+    for)."""
+    if not python.startswith("/") or any(c in python for c in " \t\n"):
+        raise ValueError(f"a shebang needs an absolute interpreter path without spaces: {python!r}")
+    if entry not in defined_names(ast.parse(_source(name))):
+        raise ValueError(f"fleet/onhost/{name}.py defines no {entry!r}")
+    return f"#!{python}\n{bundle(name).text}\nraise SystemExit({entry}(sys.argv[1:]))\n"

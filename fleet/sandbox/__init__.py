@@ -7,9 +7,12 @@
     <home>/ml-env/bin/python            the host's ``python`` (a venv)
     <home>/ml-env/lib/pythonX.Y/site-packages/vllm, vllm-<v>.dist-info
                                         the real wheel's Python files and metadata
+    <home>/ml-env/bin/vllm              the rehearsal vLLM (``fleet/onhost/vllm_sim.py``)
+    <home>/models/                      target and drafter checkpoints (``fleet.sandbox.models``)
     <home>/bin/nvidia-smi               stand-in: 8 x NVIDIA B200 (``fleet.onhost.nvidia_smi``)
     <home>/.fleet-sandbox/host.json     {"host", "vllm", "load_seconds", "gpu_name", ...}
     <home>/.fleet-sandbox/gpu-state.json  optional: memory/processes nvidia-smi reports
+    <home>/.fleet-sandbox/sim.json      optional: the rehearsal vLLM's knobs (``set_sim``)
     <home>/.fleet-sandbox/run/*.pid     processes a host starts for itself (e.g. a simulated
                                         vLLM server) register here; ``down`` stops them
 
@@ -21,5 +24,6 @@ Every session starts in ``<home>`` with ``HOME=<home>`` (so ``~`` is the host's 
 - ``local``       the local sshd backend (default)
 - ``docker``      the docker-sshd backend (``FLEET_SANDBOX_BACKEND=docker``, tests/docker)
 - ``core``        ``Sandbox``: up / down / status and the knobs tests turn
+- ``models``      the model and drafter directories of a host
 - ``vllm_source`` the vLLM wheel cache
 """

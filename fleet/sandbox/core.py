@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import pwd
 import shutil
@@ -228,9 +229,13 @@ class Sandbox:
             trees = _vllm_trees(sorted(set(versions)), say)
             names = model.host_names(hosts)
             assigned = model.assign_versions(hosts, versions)
-            with reserved_ports(model.ADDRESS, hosts) as ports:
+            # one port for each host's sshd and one for its vLLM (all hosts share 127.0.0.1)
+            with reserved_ports(model.ADDRESS, 2 * hosts) as ports:
                 planned = [
-                    impl.plan_host(n, v, p) for n, v, p in zip(names, assigned, ports, strict=True)
+                    impl.plan_host(n, v, p).model_copy(update={"vllm_port": vp})
+                    for n, v, p, vp in zip(
+                        names, assigned, ports[:hosts], ports[hosts:], strict=True
+                    )
                 ]
             state = model.SandboxState(
                 backend=kind,
@@ -415,6 +420,51 @@ class Sandbox:
 
     def running(self, name: str) -> bool:
         return self.backend().running(self.host(name))
+
+    def set_sim(self, name: str, **knobs: Any) -> dict[str, Any]:
+        """Knobs of host ``name``'s rehearsal vLLM, read when it starts
+        (``~/.fleet-sandbox/sim.json``; see ``SIM_KNOBS`` in fleet/onhost/vllm_sim.py),
+        e.g. ``set_sim(h, fault="oom", acceptance_rate=0.7, load_seconds=1.0)``;
+        ``set_sim(h)`` clears them. Unknown knobs are refused. Returns what was written."""
+        from fleet.onhost.vllm_sim import SIM_KNOBS
+
+        unknown = sorted(set(knobs) - set(SIM_KNOBS))
+        if unknown:
+            raise UsageError(f"unknown rehearsal vLLM knob(s): {', '.join(unknown)}")
+        self._write_host_file(name, "sim.json", json.dumps(knobs, indent=2) + "\n")
+        return dict(knobs)
+
+    def set_gpu_state(
+        self, name: str, *, memory_used_mib: Sequence[int] = (), processes: Sequence[Any] = ()
+    ) -> None:
+        """What host ``name``'s nvidia-smi stand-in reports as in use (another job on the
+        GPUs): ``~/.fleet-sandbox/gpu-state.json``; no arguments: all GPUs free."""
+        doc = {"memory_used_mib": list(memory_used_mib), "processes": list(processes)}
+        self._write_host_file(name, "gpu-state.json", json.dumps(doc, indent=2) + "\n")
+
+    def gpu_state(self, name: str) -> dict[str, Any]:
+        path = Path(self.host(name).home) / ".fleet-sandbox" / "gpu-state.json"
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def _write_host_file(self, name: str, filename: str, text: str) -> None:
+        """Write ``~/.fleet-sandbox/<filename>`` on host ``name`` (atomically). A backend
+        whose homes are not local files offers ``write_home_file(host, relpath, text)``."""
+        host = self.host(name)
+        impl = self.backend()
+        relpath = f".fleet-sandbox/{filename}"
+        writer = getattr(impl, "write_home_file", None)
+        if writer is not None:
+            writer(host, relpath, text)
+        elif self.state.backend == "local":
+            write_text_atomic(Path(host.home) / relpath, text)
+        else:
+            raise OperationFailed(
+                f"{name}: the {self.state.backend} backend cannot write {relpath}"
+            )
 
     def sshd_log(self, name: str) -> str:
         return self.backend().log_text(self.host(name))

@@ -6,7 +6,8 @@ Per host, under ``DIR/hosts/<name>/``::
     sshd.pid       written by sshd once its socket is bound (our readiness signal)
     listener.json  {"pid", "start"}: what ``down`` stops, checked by start time
     sshd.log       sshd's own log (LogLevel VERBOSE: one "Connection from" per connection)
-    home/          the host's home: ml-env/ (vLLM files), bin/nvidia-smi, .fleet-sandbox/
+    home/          the host's home: ml-env/ (vLLM files, bin/vllm: the rehearsal vLLM),
+                   bin/nvidia-smi, models/ (fleet.sandbox.models), .fleet-sandbox/
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 import venv
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from fleet.errors import OperationFailed
@@ -421,7 +422,10 @@ def stop_workloads(home: Path) -> list[int]:
 
 
 def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:
-    """A rehearsal host's home: ``ml-env`` holding the real vLLM files, ``bin/nvidia-smi``."""
+    """A rehearsal host's home: ``ml-env`` holding the real vLLM files and the rehearsal
+    ``vllm`` executable, ``bin/nvidia-smi``, ``models/`` (target and drafter checkpoints)."""
+    from fleet.sandbox.models import build_models
+
     env = home / model.ENV_DIR
     venv.EnvBuilder(with_pip=False, symlinks=(os.name != "nt"), clear=True).create(env)
     site = Path(model.site_packages(str(env), sys.version_info[:2]))
@@ -430,6 +434,8 @@ def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:
         if item.name == "vllm" or item.name.endswith(".dist-info"):
             shutil.copytree(item, site / item.name, dirs_exist_ok=True)
     install_nvidia_smi(home, python=str(env / "bin" / "python"))
+    install_vllm(env, python=str(env / "bin" / "python"))
+    build_models(home)
     write_text_atomic(home / ".fleet-sandbox" / "host.json", json.dumps(info, indent=2) + "\n")
     (home / ".fleet-sandbox" / "run").mkdir(parents=True, exist_ok=True)
 
@@ -449,3 +455,33 @@ def install_nvidia_smi(home: Path, *, python: str) -> Path:
         mode=0o755,
     )
     return launcher
+
+
+def install_vllm(env: Path, *, python: str) -> Path:
+    """``env/bin/vllm``: the rehearsal vLLM (``fleet/onhost/vllm_sim.py``) as an executable
+    run by the environment's ``python``, standing where pip puts vLLM's console script."""
+    from fleet.onhost.runner import executable
+
+    path = env / "bin" / "vllm"
+    write_text_atomic(path, executable("vllm_sim", "main", python), mode=0o755)
+    return path
+
+
+def stage_rehearsal_files(root: Path, *, home: str = "/root", python: str | None = None) -> None:
+    """The rehearsal vLLM and the checkpoints of a host whose home is ``home``, written
+    under ``root`` (e.g. a container image's overlay of ``/``): ``root/<home>/ml-env/bin/
+    vllm`` (run by ``python``, default the env's) and ``root/<home>/models/``.
+
+    For backends that build a host's files elsewhere than in a local home (docker's
+    ``stage_serve_files(overlay, version)`` is ``stage_rehearsal_files(overlay)``)."""
+    from fleet.onhost.runner import executable
+    from fleet.sandbox.models import build_models
+
+    base = root / home.lstrip("/")
+    interpreter = python or str(PurePosixPath(home) / model.ENV_DIR / "bin" / "python")
+    write_text_atomic(
+        base / model.ENV_DIR / "bin" / "vllm",
+        executable("vllm_sim", "main", interpreter),
+        mode=0o755,
+    )
+    build_models(base)

@@ -28,6 +28,7 @@ HOST_NAME_PREFIX = "sandbox-"
 SANDBOX_GROUP = "sandbox"
 ADDRESS = "127.0.0.1"
 ENV_DIR = "ml-env"  # the vLLM environment inside a host's home, as on real hosts
+MODELS_DIR = "models"  # target and drafter checkpoints inside a host's home
 
 Backend = Literal["local", "docker"]
 
@@ -48,6 +49,9 @@ class SandboxHost(BaseModel):
     home: str = Field(description="the host's home directory, as the host sees it")
     python: str = Field(description="interpreter of the host's vLLM environment")
     container: str | None = Field(default=None, description="docker backend: container id")
+    vllm_port: int | None = Field(
+        default=None, description="the port this host's vLLM serves on (inventory var)"
+    )
 
 
 class SandboxState(BaseModel):
@@ -210,9 +214,15 @@ def render_inventory(state: SandboxState, *, ssh_key: str, known_hosts: str) -> 
     Every host sits in group ``sandbox`` (in order, with its variables) and in the group of
     its vLLM version (``vllm_0_17_0``), so ``--host vllm_0_18_0`` selects by version.
     """
-    hosts: dict[str, dict[str, object]] = {
-        h.name: {"address": h.address, "port": h.port, "python": h.python} for h in state.hosts
-    }
+    hosts: dict[str, dict[str, object]] = {}
+    for h in state.hosts:
+        entry: dict[str, object] = {"address": h.address, "port": h.port, "python": h.python}
+        # where the rehearsal checkpoints are (fleet.sandbox.models) and a port of its own
+        # (every local host shares 127.0.0.1), for serve profiles: {{ models_dir }}/Kimi-K2.5
+        entry["models_dir"] = str(PurePosixPath(h.home) / MODELS_DIR)
+        if h.vllm_port:
+            entry["vllm_port"] = h.vllm_port
+        hosts[h.name] = entry
     children: dict[str, dict[str, dict[str, dict[str, object]]]] = {SANDBOX_GROUP: {"hosts": hosts}}
     for host in state.hosts:
         group = children.setdefault(group_name(host.vllm), {"hosts": {}})

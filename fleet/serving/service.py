@@ -201,10 +201,9 @@ def _follow(
 ) -> None:
     """Stream the log through the tracker and the engine until ready, a crash, a stall or
     the budget; the outcome and phase go into ``result``."""
-    from fleet.serving.phases import PhaseTracker
-
     from fleet.diagnosis.engine import Engine
     from fleet.serving.follow import LogFollower, physical_lines
+    from fleet.serving.phases import PhaseTracker
 
     tracker = PhaseTracker(version, clock=time.monotonic)
     engine = Engine(host=host.name)

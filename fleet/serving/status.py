@@ -54,7 +54,6 @@ class ProfileReport:
 def report_of(name: str, entry: remote.ProfileStatus, address: str) -> ProfileReport:
     """One profile's state (pure: from the on-host answer)."""
     from fleet.serving.phases import PhaseTracker
-
     from fleet.serving.readiness import acceptance, parse_metrics
 
     sup = entry.program.state
