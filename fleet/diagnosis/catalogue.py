@@ -8,6 +8,7 @@ and each literal contains one of the catalogue's gates -- so the fast prefilters
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -87,7 +88,31 @@ class CompiledCatalogue:
 
 _ROLE_CONFIDENCE = {"cause": "high", "symptom": "medium", "wrapper": "low"}
 RUN_MIN = 20  # a literal run this long identifies a message (template matching)
+PIECE_MIN = 24  # a literal piece of a template this long is looked up in the runs
+DISTINCT_MIN = 12  # characters of non-generic words a run or piece needs to identify a message
+DISTINCT_WORDS = 2  # and at least this many of them (one parameter name is not a message)
 _PLACEHOLDER = re.compile(r"\{[^{}]*\}")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Words that occur in the messages of many unrelated raise sites ("X is only supported for
+# Y", "is not supported", "must be greater than"): a run made of these identifies nothing.
+_GENERIC_TEXT = """
+a an the this that these those it its is are was were be been being to of in on at for
+from by with without and or not no nor only must should can cannot could would will may
+has have had do does did than then into onto when while which who whom whose what if so
+as but also any all some such other more less same use used using set please try see
+supported support supports unsupported failed fail error errors invalid valid found
+allowed available required expected value values type types got given provided number
+greater smaller larger equal least most currently current yet now instead enabled
+disabled enable disable true false none
+"""
+GENERIC_WORDS = frozenset(_GENERIC_TEXT.split())
+
+
+def distinctive(text: str) -> bool:
+    """Does ``text`` identify a message: at least DISTINCT_WORDS words that are not
+    :data:`GENERIC_WORDS`, of DISTINCT_MIN characters together?"""
+    words = [w for w in _WORD.findall(text) if w.lower() not in GENERIC_WORDS]
+    return len(words) >= DISTINCT_WORDS and sum(len(w) for w in words) >= DISTINCT_MIN
 
 
 _EXC_PREFIX = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Warning)?:\s*")
@@ -95,13 +120,39 @@ _EXC_PREFIX = re.compile(r"^\s*(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception
 
 def _message_runs(regex: str) -> tuple[str, ...]:
     """Literal runs of a pattern that identify a message (an exception-type prefix such
-    as ``AssertionError: `` is not a message)."""
+    as ``AssertionError: `` is not a message, nor is a run of generic words such as
+    `` is only supported for ``)."""
     out = []
     for run in literal_runs(regex, RUN_MIN):
         run = _EXC_PREFIX.sub("", run, count=1)
-        if len(run.strip()) >= RUN_MIN:
+        if len(run.strip()) >= RUN_MIN and distinctive(run):
             out.append(run)
     return tuple(out)
+
+
+_FILL_VALUES = ("0", "['0']")  # a number or a name; a printed list
+MAX_FILLED_FIELDS = 3
+
+
+def _fills(text: str) -> list[str]:
+    """The template as-is and with its ``{...}`` fields filled: every field a number, every
+    field a printed list, and (up to MAX_FILLED_FIELDS fields) every mix of the two -- so a
+    pattern expecting ``Eagle3 is only supported for ['llama', ...] models`` recognises
+    ``{method} is only supported for {supported} models``."""
+    parts = _PLACEHOLDER.split(text)
+    n = len(parts) - 1
+    if n == 0:
+        return [text]
+    out = [text]
+    combos = (
+        itertools.product(_FILL_VALUES, repeat=n)
+        if n <= MAX_FILLED_FIELDS
+        else ((v,) * n for v in _FILL_VALUES)
+    )
+    for combo in combos:
+        filled = parts[0] + "".join(v + rest for v, rest in zip(combo, parts[1:], strict=True))
+        out.append(filled)
+    return out
 
 
 def template_patterns(cat: CompiledCatalogue, text: str) -> list[CompiledPattern]:
@@ -110,16 +161,18 @@ def template_patterns(cat: CompiledCatalogue, text: str) -> list[CompiledPattern
     ``{...}`` are unknown and which may be cut short.
 
     A pattern recognises it when its regex matches the text (fields as-is or as ``0``), or
-    one of the pattern's literal runs of >= RUN_MIN characters occurs in the text, or a
-    literal piece of the text of >= 24 characters occurs in one of the runs."""
-    filled = _PLACEHOLDER.sub("0", text)
-    pieces = [p.strip() for p in _PLACEHOLDER.split(text)]
-    pieces = [p for p in pieces if len(p) >= 24]
+    one of the pattern's distinctive literal runs of >= RUN_MIN characters occurs in the
+    text, or a distinctive literal piece of the message (its exception-type prefix
+    removed) of >= PIECE_MIN characters occurs in one of the runs."""
+    fills = _fills(text)
+    message = _EXC_PREFIX.sub("", text, count=1)
+    pieces = [p.strip() for p in _PLACEHOLDER.split(message)]
+    pieces = [p for p in pieces if len(p) >= PIECE_MIN and distinctive(p)]
     hits: list[CompiledPattern] = []
     for pat in cat.patterns:
         if pat.context is not None:
             continue  # needs log context a template does not have
-        by_regex = pat.regex.search(text) or pat.regex.search(filled)
+        by_regex = any(pat.regex.search(t) for t in fills)
         if by_regex or any(
             run in text or any(piece in run for piece in pieces) for run in pat.runs
         ):

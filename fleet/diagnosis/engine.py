@@ -69,8 +69,43 @@ _FRAME = re.compile(
 _RAISE = re.compile(r"\s*(?:raise\s+(?P<exc>[A-Za-z_][\w.]*)?|assert\b)")
 _STRING = re.compile(r"""(?<![\w])[rbuRBUfF]{0,2}(?:"((?:[^"\\]|\\.)*)"?|'((?:[^'\\]|\\.)*)'?)""")
 ERROR_LEVELS = frozenset({"ERROR", "CRITICAL", "FATAL"})
+# Header shapes whose INFO/DEBUG level is the runtime's own (vLLM, uvicorn, Ray's and torch's
+# C++ logs): such a line is healthy output, matched only by ``info: true`` patterns (the
+# local scanner skips vLLM's). An INFO level from anything else is a wrapper's -- a launcher
+# (olmocr, verl, a job runner) re-logging a child's output line by line at INFO -- and says
+# nothing about the line: an exception line or a fatal marker it relays still counts.
+OWN_LEVEL_SHAPES = frozenset(
+    {
+        "vllm-logger",
+        "vllm-logger-no-file",
+        "uvicorn-python-default",
+        "ray-cpp",
+        "glog",
+        "glog-torch-c10",
+    }
+)
+_EXC_PARTS = re.compile(r"(?:[A-Za-z_]\w*\.)*(?P<type>[A-Za-z_]\w*): ?(?P<msg>.*)")
 MAX_TRACES = 200  # truncated tracebacks remembered
 FRAME_DEPTH = 12  # frames of a truncated traceback (deepest first) tried against frame rules
+
+
+def same_message(exc_line: str, template: str) -> bool:
+    """Is ``exc_line`` the exception a ``raise`` with message ``template`` (its
+    ``raise_text``) produces, possibly cut short? Types agree and the shown message starts
+    like the template's literal head (up to its first f-string field)."""
+    em, tm = _EXC_PARTS.fullmatch(exc_line.strip()), _EXC_PARTS.fullmatch(template.strip())
+    if em is None:
+        return False
+    if tm is not None:
+        if em.group("type") != tm.group("type"):
+            return False
+        lit = tm.group("msg")
+    else:
+        lit = template.strip()
+    shown = " ".join(em.group("msg").split())
+    head = " ".join(lit.split("{", 1)[0].split())
+    n = min(len(shown), len(head))
+    return n >= 8 and shown[:n] == head[:n]
 
 
 def raise_text(code: str) -> str | None:
@@ -359,7 +394,7 @@ class Engine:
 
     def _match_line(self, lineno: int, text: str, norm: Normalized, gated: bool) -> None:
         cat = self.cat
-        info = norm.level in ("INFO", "DEBUG")
+        info = norm.level in ("INFO", "DEBUG") and norm.level_shape in OWN_LEVEL_SHAPES
         if not text.strip():
             return
         self.candidates += 1
@@ -391,11 +426,13 @@ class Engine:
                     if rx.search(text):
                         self._last_fatal = (lineno, text.strip())
                         break
+        closed: _Trace | None = None
         if is_exc:
             anchor = lineno
             self._last_exc_line = (lineno, text.strip())
-            if self._traces.pop(proc, None) is None and proc is not None:
-                self._traces.pop(None, None)
+            closed = self._traces.pop(proc, None)
+            if closed is None and proc is not None:
+                closed = self._traces.pop(None, None)
             self._last_exc[proc] = lineno
             if len(self._exceptions) < MAX_EXCEPTIONS:
                 exc_text = text.strip()
@@ -439,6 +476,10 @@ class Engine:
                 best_here[pat.rule.id] = match
             else:
                 prev.values = {**values, **prev.values}
+        if not best_here and closed is not None:
+            cut = self._cut_message(closed, lineno, text.strip())
+            if cut is not None:
+                best_here[cut.rule_id] = cut
         if not best_here:
             if new_exception:
                 self.findings += 1  # a new unrecognized-error (no rule explains it)
@@ -461,6 +502,36 @@ class Engine:
                 match.open_after = CONTEXT_LINES
                 self._open.append(match)
             group.append(match)
+
+    def _cut_message(self, tr: _Trace, lineno: int, exc_text: str) -> _Match | None:
+        """An exception line no rule explains, closing a traceback whose deepest frame shows
+        the ``raise`` that produced it: when the line is that raise's message (typically cut
+        short by a paste or a terminal), the raise's literal names the cause (medium)."""
+        if not tr.frames:
+            return None
+        deepest = tr.frames[-1]
+        if deepest.code is None:
+            return None
+        msg = raise_text(deepest.code)
+        if msg is None or not same_message(exc_text, msg):
+            return None
+        pats = template_patterns(self.cat, msg)
+        if not pats:
+            return None
+        pat = min(pats, key=lambda p: (ROLE_TIER[p.role], -p.specificity))
+        return _Match(
+            pattern=pat,
+            rule_id=pat.rule.id,
+            line=lineno,
+            text=exc_text,
+            anchor=lineno,
+            values={},
+            tier=ROLE_TIER[pat.role],
+            severity=pat.severity,
+            specificity=pat.specificity,
+            weak=True,
+            extra=[Evidence(line=deepest.code_line, text=deepest.code)],
+        )
 
     def _fill_context(self, lineno: int, raw: str) -> None:
         still: list[_Match] = []

@@ -34,6 +34,10 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]_^P][^\x07\x1b]*(?:\x07|\x1b
 # ("[36m(RayWorkerWrapper pid=1)[0m"), and the "^M" a pager prints for a carriage return.
 _ORPHAN_SGR = re.compile(r"(?<![\w\[\]])\[(?:\d{1,3};){0,4}\d{1,3}m")
 _CARET_M = re.compile(r"(?:\^M)+$")
+# rsyslog/journald exports escape control characters as "#" + octal: "#033[1;36m" is an
+# ANSI colour code, a trailing "#015" the carriage return of a CRLF line.
+_SYSLOG_ESC = re.compile(r"#033\[[0-?]*[ -/]*[@-~]|(?:#015)+$")
+
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 Kind = Literal["outer", "proc", "level"]
@@ -179,6 +183,23 @@ SHAPES: tuple[HeaderShape, ...] = (
         ),
     ),
     HeaderShape(
+        # a line pasted into an issue in Markdown emphasis or inline code; the closing
+        # marker at the end of the line comes off too
+        "markdown-wrap",
+        "outer",
+        r"(?P<md>\*\*|`{1,3})(?=[^\s*`])",
+        (
+            (f"**{_M}**", _M, None, None),
+            (f"`{_M}`", _M, None, None),
+            (
+                f"> **(EngineCore_DP0 pid=1) ERROR 09-28 15:47:24 [core.py:1] {_M}**",
+                _M,
+                "EngineCore_DP0",
+                "ERROR",
+            ),
+        ),
+    ),
+    HeaderShape(
         "kubectl-prefix",
         "outer",
         r"\[pod/[^\]\s]+\]\s",
@@ -264,9 +285,15 @@ SHAPES: tuple[HeaderShape, ...] = (
     HeaderShape(
         "vllm-process",
         "proc",
-        r"\((?P<proc>[A-Za-z_][\w.:\-]*)(?:,?\s+\w+=[^,()\s]+)*?,?\s+pid=\d+"
+        r"\((?P<proc>[A-Za-z_][\w.:\-]*(?:\s(?:TP|DP|PP|EP)\d+\w*)?)(?:,?\s+\w+=[^,()\s]+)*?,?\s+pid=\d+"
         r"(?:,\s*\w+=[^,()\s]*)*\)\s?",
         (
+            (
+                f"(VllmWorker TP2 pid=415) ERROR 08-31 04:18:45 [multiproc_executor.py:559] {_M}",
+                _M,
+                "VllmWorker TP2",
+                "ERROR",
+            ),
             (
                 f"(EngineCore_DP0 pid=17374) ERROR 09-28 15:47:24 [core.py:718] {_M}",
                 _M,
@@ -363,8 +390,23 @@ SHAPES: tuple[HeaderShape, ...] = (
     HeaderShape(
         "bracketed-level",
         "level",
-        rf"\[(?P<level>{_LV})\]\s",
-        ((f"[ERROR] {_M}", _M, None, "ERROR"),),
+        rf"\[(?P<level>(?i:{_LV}))\]\s",
+        (
+            (f"[ERROR] {_M}", _M, None, "ERROR"),
+            (
+                f"2026-06-09 14:01:52.982 [Error] (Process) (EngineCore pid=42521) ERROR 06-09 "
+                f"14:01:52 [core.py:1136] {_M}",
+                _M,
+                "EngineCore",
+                "ERROR",
+            ),
+        ),
+    ),
+    HeaderShape(
+        "launcher-stream-tag",
+        "outer",
+        r"\((?:Process|Server|Stdout|Stderr|stdout|stderr)\)\s",
+        ((f"[Error] (Process) {_M}", _M, None, "ERROR"),),
     ),
     HeaderShape(
         "github-actions-command",
@@ -375,6 +417,7 @@ SHAPES: tuple[HeaderShape, ...] = (
 )
 
 _OUTER = tuple(s.pattern for s in SHAPES if s.kind == "outer")
+_MARKDOWN = next(s.pattern for s in SHAPES if s.name == "markdown-wrap")
 _PROC_LEVEL = tuple(s for s in SHAPES if s.kind != "outer")
 _RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 _MAX_ROUNDS = 8
@@ -385,6 +428,7 @@ class Normalized:
     text: str
     proc: str | None = None
     level: str | None = None
+    level_shape: str | None = None  # the name of the header shape that gave ``level``
 
 
 def strip_ansi(text: str) -> str:
@@ -454,11 +498,15 @@ def strip_prefixes(text: str) -> Normalized:
     """Apply :data:`SHAPES` repeatedly to an already visible line."""
     proc: str | None = None
     level: str | None = None
+    level_shape: str | None = None
+    closer = ""
     for _ in range(_MAX_ROUNDS):
         before = text
         for pat in _OUTER:
             m = pat.match(text)
             if m:
+                if pat is _MARKDOWN:
+                    closer = m.group("md")
                 text = text[m.end() :]
         for shape in _PROC_LEVEL:
             m = shape.pattern.match(text)
@@ -469,10 +517,13 @@ def strip_prefixes(text: str) -> Normalized:
                 proc = groups.get("proc") or f"pid{groups.get('pid')}"
             elif groups.get("level"):
                 level = _LEVEL_WORDS.get(groups["level"].upper(), groups["level"].upper())
+                level_shape = shape.name
             text = text[m.end() :]
         if text == before:
             break
-    return Normalized(text, proc, level)
+    if closer and text.rstrip().endswith(closer):
+        text = text.rstrip()[: -len(closer)]
+    return Normalized(text, proc, level, level_shape)
 
 
 def normalize(raw: str) -> Normalized:
@@ -484,6 +535,8 @@ def normalize(raw: str) -> Normalized:
         text = _ORPHAN_SGR.sub("", text)
     if text.endswith("^M"):
         text = _CARET_M.sub("", text)
+    if "#0" in text:
+        text = _SYSLOG_ESC.sub("", text)
     js = _json_message(text)
     if js is not None:
         text = js
@@ -491,12 +544,12 @@ def normalize(raw: str) -> Normalized:
     text = norm.text
     if "repeated" in text:
         text = _RAY_REPEAT.sub("", text)
-    return Normalized(text.rstrip(), norm.proc, norm.level)
+    return Normalized(text.rstrip(), norm.proc, norm.level, norm.level_shape)
 
 
 # The start of a new log record (never the continuation of a line a terminal folded).
 _RECORD_START = re.compile(
-    r"\s*(?:>\s+)?(?:\([\w.:\-]+(?:,?\s+\w+=[^,()\s]+)*,?\s+pid=\d+|\(pid=\d+"
+    r"\s*(?:>\s+)?(?:\([\w.:\-]+(?:\s(?:TP|DP|PP|EP)\d+\w*)?(?:,?\s+\w+=[^,()\s]+)*,?\s+pid=\d+|\(pid=\d+"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[\s:]"
     r"|\d{4}-\d\d-\d\d[T ]\d|\[\d{4}-\d\d-\d\d|Traceback \(|File \"|\[fleet\] |\[rank\d+\]:"
     r"|\[[DIWECF](?:\d{4} |\s)[^\]]*\]"

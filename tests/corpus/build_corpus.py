@@ -213,6 +213,70 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain"),
     ),
     Scenario(
+        "drafter-arch-unregistered",
+        "drafter-incompatible",
+        "vllm/model_executor/models/registry.py _raise_for_unsupported for the drafter's EAGLE architecture (0.10.2-0.33.0)",
+        exc=[
+            "ValueError: Model architectures ['EagleQwen2ForCausalLM'] are not supported for now. Supported architectures: dict_keys(['AquilaModel', 'AquilaForCausalLM', 'DeepseekV3ForCausalLM', 'EagleLlamaForCausalLM', 'Eagle3LlamaForCausalLM'])"
+        ],
+        frames=[
+            F(
+                "vllm/v1/spec_decode/eagle.py",
+                1140,
+                "load_model",
+                "self.model = get_model(vllm_config=self.vllm_config,",
+            ),
+            F(
+                "vllm/model_executor/models/registry.py",
+                522,
+                "_raise_for_unsupported",
+                "raise ValueError(",
+            ),
+        ],
+        where="worker",
+        shapes=("v1", "plain", "truncated"),
+    ),
+    Scenario(
+        "spec-draft-slots",
+        "spec-config-invalid",
+        "vllm/config/vllm.py _set_max_num_scheduled_tokens (0.20.0-0.33.0)",
+        exc=[
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig",
+            "  Value error, max_num_scheduled_tokens is set to -1792 based on the speculative decoding settings, which does not allow any tokens to be scheduled. Increase max_num_batched_tokens to accommodate the additional draft token slots, or decrease num_speculative_tokens. [type=value_error, input_value=ArgsKwargs((), {'model_config': ...}), input_type=ArgsKwargs]",
+        ],
+        frames=[
+            F(
+                "vllm/engine/arg_utils.py",
+                1902,
+                "create_engine_config",
+                "config = VllmConfig(",
+            ),
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
+    ),
+    Scenario(
+        "spec-family-n-predict",
+        "spec-config-invalid",
+        "vllm/config/speculative.py __post_init__ (0.10.2-0.33.0), a message of the speculative-config family",
+        exc=[
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig",
+            "  Value error, num_speculative_tokens:4 must be divisible by n_predict=3 [type=value_error, input_value=ArgsKwargs((), {'method': 'mlp_speculator'}), input_type=ArgsKwargs]",
+        ],
+        frames=[
+            F(
+                "vllm/engine/arg_utils.py",
+                1483,
+                "create_speculative_config",
+                "return SpeculativeConfig(**self.speculative_config)",
+            ),
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain"),
+    ),
+    Scenario(
         "drafter-vocab",
         "drafter-incompatible",
         "vllm/config/speculative.py verify_equal_vocab_size_if_draft_model (0.15.0+)",
@@ -520,6 +584,22 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "truncated"),
     ),
     Scenario(
+        "zmq-bind-cut",
+        "port-in-use",
+        "vllm/distributed/device_communicators/shm_broadcast.py MessageQueue binding its remote socket (multi-node), traceback cut before the ZMQError",
+        where="lines",
+        wrapper=False,
+        lines=[
+            "(Worker_TP12 pid=114) ERROR 11-02 10:20:31 [multiproc_executor.py:898] WorkerProc failed to start.",
+            "(Worker_TP12 pid=114) ERROR 11-02 10:20:31 [multiproc_executor.py:898] Traceback (most recent call last):",
+            f'(Worker_TP12 pid=114) ERROR 11-02 10:20:31 [multiproc_executor.py:898]   File "{SITE}/vllm/distributed/device_communicators/shm_broadcast.py", line 434, in __init__',
+            "(Worker_TP12 pid=114) ERROR 11-02 10:20:31 [multiproc_executor.py:898]     self.remote_socket.bind(socket_addr)",
+            f'(Worker_TP12 pid=114) ERROR 11-02 10:20:31 [multiproc_executor.py:898]   File "{SITE}/zmq/sugar/socket.py", line 320, in bind',
+            "(Worker_TP12 pid=114) ERROR 11-02 10:20:31 [multiproc_executor.py:898]     super().bind(addr)",
+        ],
+        shapes=("v1", "plain"),
+    ),
+    Scenario(
         "nccl-watchdog",
         "nccl-timeout",
         "PyTorch ProcessGroupNCCL watchdog",
@@ -694,6 +774,30 @@ SCENARIOS: list[Scenario] = [
             "The current PyTorch install supports CUDA capabilities sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90.",
         ],
         shapes=("plain",),
+    ),
+    Scenario(
+        "arch-ptxas-blackwell",
+        "cuda-arch-unsupported",
+        "triton/backends/nvidia/compiler.py make_cubin: Triton's bundled ptxas predates the sm_100 target (its stderr not shown)",
+        exc=[
+            "subprocess.CalledProcessError: Command '['/usr/local/lib/python3.12/dist-packages/triton/backends/nvidia/bin/ptxas', '-lineinfo', '-v', '--gpu-name=sm_100', '/tmp/tmpat8x27d5.ptx', '-o', '/tmp/tmpat8x27d5.ptx.o']' returned non-zero exit status 255."
+        ],
+        frames=[
+            F(
+                "triton/backends/nvidia/compiler.py",
+                356,
+                "make_cubin",
+                "subprocess.run(ptxas_cmd, check=True, close_fds=False, stderr=flog)",
+            ),
+            F(
+                "/usr/lib/python3.12/subprocess.py",
+                571,
+                "run",
+                "raise CalledProcessError(retcode, process.args,",
+            ),
+        ],
+        where="worker",
+        shapes=("v1", "truncated"),
     ),
     Scenario(
         "fork",

@@ -46,7 +46,7 @@ def test_host_paused_mid_command_times_out_and_the_others_finish(sandbox: Sandbo
             outcomes = fan_out(
                 session,
                 hosts,
-                lambda c: c.run("sleep 2; echo done", timeout=COMMAND_TIMEOUT).stdout,
+                lambda c: c.run(["sh", "-c", "sleep 2; echo done"], timeout=COMMAND_TIMEOUT).stdout,
             )
             elapsed = time.monotonic() - started
             pauser.join()

@@ -50,6 +50,8 @@ OUTER = [
     "  12 | ",
     "[rank0]: ",
     "_bk;t=1727531244123",
+    "#033[1;36m",  # rsyslog's escaped ANSI colour code
+    "2025-06-27 12:57:51,690 - __main__ - INFO - ",  # a launcher relaying output at INFO
 ]
 # Headers that make a line error-level.
 ERROR_HEADERS = [
@@ -61,7 +63,11 @@ ERROR_HEADERS = [
     "2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] ",
     "2025-09-28 15:47:24,123 - vllm.engine - ERROR - ",
     "(RayWorkerWrapper pid=2211, ip=10.0.0.12) CRITICAL 05-06 14:20:15 [core.py:387] ",
+    "2026-06-09 14:01:52.982 [Error] (Process) ",
+    "#033[1;36m(VllmWorker TP2 pid=415)#033[0;0m ERROR 08-31 04:18:45 [multiproc_executor.py:559] ",
 ]
+# How an issue paste may wrap a one-line signal (Markdown emphasis, inline code).
+WRAPS = ["{}", "**{}**", "`{}`"]
 EXC_TYPES = [
     "ValueError",
     "RuntimeError",
@@ -88,13 +94,18 @@ MESSAGE = st.lists(WORDS, min_size=3, max_size=8).map(" ".join)
 @st.composite
 def signal(draw: st.DrawFn) -> list[str]:
     """Lines carrying one error signal no catalogue rule explains."""
-    kind = draw(st.sampled_from(["error-line", "exception", "truncated", "json", "fatal"]))
+    kind = draw(
+        st.sampled_from(["error-line", "exception", "truncated", "json", "fatal", "pydantic"])
+    )
     msg = draw(MESSAGE)
     head = draw(st.sampled_from(ERROR_HEADERS))
+    wrap = draw(st.sampled_from(WRAPS))
     if kind == "error-line":
-        return [head + f"zz {msg}"]
+        return [wrap.format(head + f"zz {msg}")]
     if kind == "exception":
-        return [f"{draw(st.sampled_from(EXC_TYPES))}: zz {msg}"]
+        return [wrap.format(f"{draw(st.sampled_from(EXC_TYPES))}: zz {msg}")]
+    if kind == "pydantic":  # a validation error's detail line, pasted without its exception
+        return [f"  Value error, zz {msg} [type=value_error, input_value=ArgsKwargs((), {{}})]"]
     if kind == "json":
         body = {
             "object": "error",

@@ -137,3 +137,83 @@ def test_templates_match_by_literal_runs_not_exception_names() -> None:
         )
     }
     assert ids == {"gpu-memory-utilization-too-high"}
+
+
+def test_generic_runs_do_not_identify_a_message() -> None:
+    """ " is only supported for " or " is not supported" occur in the raise sites of many
+    unrelated causes: a template sharing only such words with a pattern maps to nothing."""
+    cat = load_catalogue()
+    for text in (
+        "ValueError: disable_any_whitespace is only supported for xgrammar and guidance backends.",
+        "ValueError: HiSparse is only supported for DSA models with index_topk.",
+        "NotImplementedError: {x} is not supported yet for {y}.",
+    ):
+        assert template_patterns(cat, text) == [], text
+
+
+def test_an_exception_line_cut_short_is_read_from_its_raise() -> None:
+    """A paste that cuts the exception line mid-message: the ``raise`` shown in the deepest
+    frame carries the whole literal, and the cut line is that raise's message."""
+    lines = [
+        *tb(
+            ("v1/engine/core_client.py", "_wait_for_engine_startup", "wait_for_engine_startup("),
+            (
+                "v1/utils.py",
+                "wait_for_engine_startup",
+                'raise RuntimeError("Engine core initialization failed. "',
+            ),
+        ),
+        P + "RuntimeError: Engine core ini",
+    ]
+    got = diagnose(lines)
+    assert [d.id for d in got] == ["engine-init-failed"]
+    assert got[0].confidence == "medium"
+    assert [e.text for e in got[0].evidence][:2] == [
+        "RuntimeError: Engine core ini",
+        'raise RuntimeError("Engine core initialization failed. "',
+    ]
+    other = [*lines[:-1], P + "RuntimeError: something else entirely"]
+    assert [d.id for d in diagnose(other)] == ["unrecognized-error"]  # not that raise's message
+
+
+def test_a_wrapper_relaying_output_at_info_does_not_hide_a_traceback() -> None:
+    head = "2025-06-27 12:57:51,690 - __main__ - INFO - "
+    lines = [
+        head + "Traceback (most recent call last):",
+        head
+        + f'  File "{SITE}/v1/core/kv_cache_utils.py", line 714, in check_enough_kv_cache_memory',
+        head + "    raise ValueError(",
+        head
+        + "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
+    ]
+    got = diagnose(lines)
+    assert (got[0].id, got[0].confidence) == ("kv-cache-no-memory", "high")
+    own = "(EngineCore_DP0 pid=7) INFO 11-02 10:15:01 [core.py:708] "
+    assert diagnose([own + "ValueError: a message vLLM logged at INFO"]) == []
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        (
+            (
+                "distributed/device_communicators/shm_broadcast.py",
+                "__init__",
+                "self.remote_socket.bind(socket_addr)",
+            ),
+            ("../zmq/sugar/socket.py", "bind", "super().bind(addr)"),
+        ),
+        (
+            (
+                "distributed/device_communicators/shm_broadcast.py",
+                "__init__",
+                "self.remote_socket.bind(socket_addr)",
+            ),
+        ),
+    ],
+)
+def test_a_traceback_cut_in_a_zmq_bind_is_an_address_in_use(
+    frames: tuple[tuple[str, str, str], ...],
+) -> None:
+    got = diagnose(tb(*frames))
+    assert (got[0].id, got[0].confidence) == ("port-in-use", "medium")

@@ -166,10 +166,33 @@ def test_header_shape_examples(
         f"\x1b_bk;t=1727531244123\x07{MSG}",
         f"[36m(RayWorkerWrapper pid=1)[0m ERROR 09-28 15:47:24 [core.py:1] {MSG}",
         f"\x1b[1;31m> 2025-09-28T15:47:24Z vllm-1  | (APIServer pid=1) (EngineCore_DP0 pid=68) ERROR 09-28 15:47:24 [core.py:1] {MSG}",
+        # rsyslog escapes control characters: "#033[..m" colour codes, "#015" for CR
+        f"#033[1;36m(VllmWorker TP2 pid=415)#033[0;0m ERROR 08-31 04:18:45 [multiproc_executor.py:559] {MSG}#015",
+        # Markdown emphasis / inline code around a pasted line
+        f"**(Worker_TP4_EP4 pid=2532) ERROR 12-29 15:21:11 [multiproc_executor.py:751] {MSG}**",
+        f"`{MSG}`",
+        f"```{MSG}```",
     ],
 )
 def test_pasted_line_endings_and_orphan_colour_codes(raw: str) -> None:
     assert normalize(raw).text == MSG
+
+
+def test_the_level_says_which_shape_gave_it() -> None:
+    """vLLM's own INFO header marks a healthy line; a wrapper's INFO (a launcher relaying a
+    child's output) does not hide an exception line it carries."""
+    own = normalize(f"(EngineCore_DP0 pid=1) INFO 09-28 15:47:24 [core.py:1] {MSG}")
+    assert (own.level, own.level_shape) == ("INFO", "vllm-logger")
+    relayed = normalize(f"2025-06-27 12:57:51,690 - __main__ - INFO - {MSG}")
+    assert (relayed.text, relayed.level, relayed.level_shape) == (
+        MSG,
+        "INFO",
+        "python-logging-dashes",
+    )
+    both = normalize(
+        f"2025-06-27 12:57:51,690 - __main__ - INFO - ERROR 09-28 15:47:24 [c.py:1] {MSG}"
+    )
+    assert (both.level, both.level_shape) == ("ERROR", "vllm-logger")
 
 
 def test_api_error_bodies_read_as_exceptions() -> None:

@@ -78,7 +78,7 @@ def test_accuracy_per_id() -> None:
         + "\n".join(rows)
         + f"\n{'total':34s} {ok}/{n} = {ok / n:.1%}"
     )
-    assert n >= 79
+    assert n >= 100
     assert not [w for w in wrong if w.endswith("got None")], "false cleans"
     assert not wrong, "\n".join(wrong)
 

@@ -127,7 +127,8 @@ FATAL: dict[str, tuple[str, str, dict[str, Any], int, str]] = {
         "patched",
         {"drafter_changes": {"architectures": ["Eagle3DeepseekV2ForCausalLM"]}},
         1,
-        "architecture-unsupported",
+        # the registry error names an EAGLE drafter's architecture: the drafter does not fit
+        "drafter-incompatible",
     ),
     "kimi_k2-drafter-pre-0.18": (
         "0.17.0",
