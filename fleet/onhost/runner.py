@@ -39,6 +39,7 @@ PROLOGUE = (
     "import sys\n"
     'sys.path[:] = [p for p in sys.path if p not in ("", ".")]\n'
 )
+SHEBANG_MAX = 120  # Linux reads only 127 bytes of "#!..." before 5.1
 EXIT_NOT_EXECUTABLE = 126
 EXIT_COMMAND_NOT_FOUND = 127
 SCHEMA = _common.SCHEMA
@@ -249,14 +250,23 @@ def run_raw(
 
 
 def executable(name: str, entry: str, python: str) -> str:
-    """An executable on-host program: a shebang naming the host's ``python``, the bundle of
-    ``fleet/onhost/<name>.py`` and ``raise SystemExit(<entry>(sys.argv[1:]))``.
+    """An executable on-host program: a first line that runs the host's ``python``, the
+    bundle of ``fleet/onhost/<name>.py`` and ``raise SystemExit(<entry>(sys.argv[1:]))``.
 
     Used for the rehearsal ``<env>/bin/vllm`` (``executable("vllm_sim", "main", PY)``);
     the envelope machinery is not involved (the program talks like the tool it stands in
-    for)."""
-    if not python.startswith("/") or any(c in python for c in " \t\n"):
-        raise ValueError(f"a shebang needs an absolute interpreter path without spaces: {python!r}")
+    for). A plain ``#!PY`` when the kernel can run it; for an interpreter path with
+    whitespace or longer than a shebang may be, the ``/bin/sh`` trampoline pip writes in
+    that case (two lines that are a string to Python and an ``exec`` to sh)."""
+    if not python.startswith("/") or any(c in python for c in "\n\r\0"):
+        raise ValueError(f"an absolute interpreter path is needed: {python!r}")
     if entry not in defined_names(ast.parse(_source(name))):
         raise ValueError(f"fleet/onhost/{name}.py defines no {entry!r}")
-    return f"#!{python}\n{bundle(name).text}\nraise SystemExit({entry}(sys.argv[1:]))\n"
+    if len(python) <= SHEBANG_MAX and not any(c.isspace() for c in python):
+        first = f"#!{python}\n"
+    else:
+        if "'''" in python or "\\" in python:
+            raise ValueError(f"cannot start {python!r} from a script")
+        quoted = "".join("\\" + c if c in '"$`' else c for c in python)
+        first = f"#!/bin/sh\n'''exec' \"{quoted}\" \"$0\" \"$@\"\n' '''\n"
+    return f"{first}{bundle(name).text}\nraise SystemExit({entry}(sys.argv[1:]))\n"

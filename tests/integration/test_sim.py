@@ -35,6 +35,10 @@ START = (
     "--port {{port}} --speculative-config {{spec}} > {{log}} 2>&1 < /dev/null & echo $!"
 )
 LOG = "~/rehearsal-serve.log"
+TITLES = (
+    'e=$(pgrep -P {{pid}}); for p in $e $(pgrep -P "$e"); '
+    "do tr '\\0' '\\n' < /proc/$p/cmdline | head -n 1; done"
+)
 STOP_ALL = (
     'for f in ~/.fleet-sandbox/run/vllm-*.pid; do [ -f "$f" ] && kill "$(cat "$f")"; done; true'
 )
@@ -142,10 +146,10 @@ def test_serve_over_ssh_refused_while_loading_then_healthy(
         time.sleep(0.1)
     # during the load: the port is bound, not listening
     assert refused(port)
-    titles = conn.run(
-        shell.sh("cat /proc/*/cmdline 2>/dev/null | tr '\\0' '\\n' | grep '^VLLM::' | sort")
-    ).stdout.split()
-    assert titles == ["VLLM::EngineCore", *[f"VLLM::Worker_TP{k}" for k in range(8)]]
+    # the server's own children: the EngineCore, and its workers (the host is shared)
+    titles = conn.run(shell.sh(shell.script(TITLES, pid=pid))).stdout.split()
+    assert titles[0] == "VLLM::EngineCore"
+    assert sorted(titles[1:]) == [f"VLLM::Worker_TP{k}" for k in range(8)]
     smi = conn.run(
         ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
     ).stdout.split()

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sim_harness import Sim, make_home, patched_tree, run_sim, serve_args
 
 from fleet.onhost import nvidia_smi
+from fleet.sandbox.vllm_source import vllm_tree
 
 
 @pytest.fixture(scope="module")
@@ -265,3 +267,25 @@ def test_runs_on_python_38(tree: Path, tmp_path: Path) -> None:
     run = run_sim(home, tree, serve_args(home, "0.17.0"))
     assert run.ready and run.returncode == 0, run.text[-2000:]
     assert (home / "vllm").read_text().startswith("#!" + PYTHON38 + "\n")
+
+
+def test_the_executable_runs_from_an_interpreter_path_with_spaces(tmp_path: Path) -> None:
+    """A sandbox directory may hold spaces (and pytest's tmp paths get long): the first
+    line is then pip's /bin/sh trampoline instead of a shebang the kernel cannot read."""
+    from fleet.onhost.runner import SHEBANG_MAX, executable
+
+    spaced = tmp_path / "a dir with spaces" / "python"
+    spaced.parent.mkdir()
+    spaced.symlink_to(sys.executable)
+    long = tmp_path / ("x" * (SHEBANG_MAX + 1)) / "python"
+    long.parent.mkdir()
+    long.symlink_to(sys.executable)
+    plain = Path(sys.executable)
+    for i, python in enumerate((spaced, long, plain)):
+        exe = tmp_path / f"vllm-{i}"
+        exe.write_text(executable("vllm_sim", "main", str(python)))
+        exe.chmod(0o755)
+        assert exe.read_text().startswith("#!/bin/sh\n" if python != plain else f"#!{plain}\n")
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(vllm_tree("0.17.0"))}
+        out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, env=env)
+        assert (out.returncode, out.stdout) == (0, "0.17.0\n"), out.stderr
