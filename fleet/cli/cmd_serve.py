@@ -222,25 +222,16 @@ def _render_serve(out: Console, outcomes: list[HostOutcome[ServeResult]]) -> Non
     from fleet.cli.render import failure_lines
 
     table = Table(title="fleet serve", title_justify="left")
-    for col in ("host", "outcome", "phase", "elapsed", "endpoint", "acceptance"):
+    for col in ("host", "outcome", "phase", "elapsed"):
         table.add_column(col, no_wrap=True)
     for o in outcomes:
         r = o.value
         if r is None:
-            table.add_row(escape(o.host), f"[bold red]{escape(o.status)}[/]", *(["-"] * 4))
+            table.add_row(escape(o.host), f"[bold red]{escape(o.status)}[/]", "-", "-")
             continue
-        spec = r.spec_decode
-        acc = "-"
-        if spec is not None and spec.acceptance_rate is not None:
-            acc = f"{spec.acceptance_rate:.2f} (mean length {spec.mean_acceptance_length:.2f})"
         style = OUTCOME_STYLE.get(r.outcome, "")
         table.add_row(
-            escape(o.host),
-            f"[{style}]{escape(r.outcome)}[/]",
-            escape(r.phase),
-            _clock(r.elapsed_s),
-            escape(r.endpoint or "-"),
-            acc,
+            escape(o.host), f"[{style}]{escape(r.outcome)}[/]", escape(r.phase), _clock(r.elapsed_s)
         )
     out.print(table)
     failure_lines(out, [o for o in outcomes if o.value is None])
@@ -248,13 +239,22 @@ def _render_serve(out: Console, outcomes: list[HostOutcome[ServeResult]]) -> Non
         r = o.value
         if r is None:
             continue
-        if r.message and r.outcome not in ("ready",):
+        if r.outcome == "ready":
+            line = f"[bold]{escape(o.host)}[/]: ready at {escape(r.endpoint or '?')}"
+            if r.pid:
+                line += f" (pid {r.pid})"
+            spec = r.spec_decode
+            if spec is not None and spec.acceptance_rate is not None:
+                rates = ", ".join(f"{p:.2f}" for p in spec.per_position)
+                line += (
+                    f"; EAGLE-3 acceptance rate {spec.acceptance_rate:.2f}, mean acceptance "
+                    f"length {spec.mean_acceptance_length:.2f}, per position {rates}"
+                )
+            out.print(line, soft_wrap=True)
+        elif r.message:
             out.print(f"[bold]{escape(o.host)}[/]: {escape(r.message)}", soft_wrap=True)
         for note in r.notes:
             out.print(f"  [yellow]note:[/] {escape(note)}", soft_wrap=True)
-        if r.spec_decode is not None and r.spec_decode.per_position:
-            rates = ", ".join(f"{p:.2f}" for p in r.spec_decode.per_position)
-            out.print(f"  [dim]{escape(o.host)}: per-position acceptance {rates}[/]")
         if r.diagnoses:
             render_diagnoses(out, r.diagnoses, where=f"{o.host} (serve {r.profile})", lines=None)
 

@@ -27,11 +27,21 @@ STATUS_STYLE = {
 }
 
 
+PIPE_WIDTH = 160
+
+
 def make_console(*, stderr: bool = False) -> Console:
-    """A console on stdout (results) or stderr (progress, warnings, hints)."""
+    """A console on stdout (results) or stderr (progress, warnings, hints). Output that
+    is not a terminal (a pipe, a file, CI) gets tables 160 columns wide unless $COLUMNS
+    says otherwise, rather than rich's 80."""
+    import os
+
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    console = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = PIPE_WIDTH
+    return console
 
 
 def escape(text: object) -> str:

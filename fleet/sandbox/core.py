@@ -330,6 +330,7 @@ class Sandbox:
         for name in (model.INVENTORY_FILE, model.KNOWN_HOSTS_FILE, model.STATE_FILE):
             (self.dir / name).unlink(missing_ok=True)
         shutil.rmtree(self.dir / "client", ignore_errors=True)
+        shutil.rmtree(self.dir / "secrets", ignore_errors=True)
         with contextlib.suppress(OSError):
             (self.dir / "hosts").rmdir()
         self._state = None
@@ -363,13 +364,52 @@ class Sandbox:
         ]
         write_text_atomic(self.known_hosts_path, "".join(line + "\n" for line in lines))
 
+    @property
+    def secrets_path(self) -> Path:
+        """The serve profiles' secrets env file of this rehearsal fleet (a random
+        VLLM_API_KEY: the rehearsal vLLM requires it, as a real one with --api-key)."""
+        return self.dir / "secrets" / "serve.env"
+
     def _write_inventory(self) -> None:
+        if not self.secrets_path.exists():
+            import secrets
+
+            key = "sk-fleet-sandbox-" + secrets.token_hex(12)
+            write_text_atomic(self.secrets_path, f"VLLM_API_KEY={key}\n", mode=0o600)
         text = model.render_inventory(
             self.state,
             ssh_key=str(self.client_key_path),
             known_hosts=str(self.known_hosts_path),
+            secrets_env=str(self.secrets_path),
         )
         write_text_atomic(self.inventory_path, text)
+
+    def set_host_var(self, name: str, key: str, value: str | None) -> None:
+        """Set (or with ``None`` remove) an inventory variable of host ``name``."""
+        hosts = []
+        for host in self.state.hosts:
+            if host.name == name:
+                extra = dict(host.extra_vars)
+                if value is None:
+                    extra.pop(key, None)
+                else:
+                    extra[key] = value
+                host = host.model_copy(update={"extra_vars": extra})
+            hosts.append(host)
+        self._save_state(self.state.model_copy(update={"hosts": hosts}))
+        self._write_inventory()
+
+    def cut_sessions(self, name: str) -> int:
+        """End the host's live SSH sessions as a network cut would (the host stays up and
+        takes new connections); returns how many were cut."""
+        cut = getattr(self.backend(), "cut_sessions", None)
+        if cut is None:
+            raise OperationFailed(f"the {self.state.backend} backend cannot cut sessions")
+        return int(cut(self.host(name)))
+
+    def fleet_argv(self) -> list[str]:
+        """``python -m fleet --inventory DIR/inventory.yaml`` (for a test's own Popen)."""
+        return [sys.executable, "-m", "fleet", "--inventory", str(self.inventory_path)]
 
     # -- knobs for tests and rehearsals -----------------------------------------------------
     def pin(self, names: Sequence[str] | None = None) -> None:

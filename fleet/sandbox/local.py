@@ -357,6 +357,18 @@ class LocalBackend:
             stopped += stop_workloads(Path(host.home))
         return stopped
 
+    def cut_sessions(self, host: model.SandboxHost) -> int:
+        """SIGKILL the host's live SSH sessions (the per-connection sshd processes), as a
+        network cut would end them; the listener stays, so clients can reconnect."""
+        record = self.record(host)
+        if record is None:
+            return 0
+        cut = 0
+        for proc in session_processes(record):
+            if proc.signal(signal.SIGKILL):
+                cut += 1
+        return cut
+
     def log_text(self, host: model.SandboxHost) -> str:
         try:
             return self.log_path(host.name).read_text(errors="replace")
@@ -400,12 +412,18 @@ class LocalBackend:
 
 
 def stop_workloads(home: Path) -> list[int]:
-    """Stop the processes a host registered in ``home/.fleet-sandbox/run/*.pid``.
+    """Stop the processes a host started for itself: those registered in
+    ``home/.fleet-sandbox/run/*.pid``, and every daemon a session left behind (fleet's
+    supervisord and the servers under it): processes whose environment has this host's
+    ``HOME`` and ``FLEET_SANDBOX=1``, as every process started over its ssh has.
 
-    A pid is signalled only if that process's environment has ``HOME`` set to this host's
-    home (every process started over the sandbox's ssh has): a recycled pid is left alone.
-    """
+    A pid is signalled only after that check (and its start time) so a recycled pid or a
+    process of another sandbox is left alone."""
     stopped: list[int] = []
+    for pid in _daemons_of(home):
+        record = ProcessRecord.of(pid)
+        if record is not None:
+            stopped += stop_tree(record)
     run_dir = home / ".fleet-sandbox" / "run"
     for pid_file in sorted(run_dir.glob("*.pid")) if run_dir.is_dir() else []:
         try:
@@ -419,6 +437,32 @@ def stop_workloads(home: Path) -> list[int]:
         stopped += stop_tree(record)
         pid_file.unlink(missing_ok=True)
     return stopped
+
+
+def _daemons_of(home: Path) -> list[int]:
+    """Processes of this user started in a session of the host whose home is ``home``."""
+    found = []
+    me = os.getpid()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        env = environ_of(int(entry))
+        if env and env.get("FLEET_SANDBOX") == "1" and env.get("HOME") == str(home):
+            found.append(int(entry))
+    return sorted(found)
+
+
+def session_processes(listener: ProcessRecord) -> list[ProcessRecord]:
+    """The per-connection sshd processes below a listener (not the listener itself)."""
+    children = [ProcessRecord.of(p) for p in descendants(listener.pid)]
+    return [c for c in children if c is not None and _is_sshd(c.pid)]
+
+
+def _is_sshd(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "sshd"
+    except OSError:
+        return False
 
 
 def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:

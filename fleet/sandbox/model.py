@@ -52,6 +52,9 @@ class SandboxHost(BaseModel):
     vllm_port: int | None = Field(
         default=None, description="the port this host's vLLM serves on (inventory var)"
     )
+    extra_vars: dict[str, str] = Field(
+        default_factory=dict, description="more inventory vars (Sandbox.set_host_var)"
+    )
 
 
 class SandboxState(BaseModel):
@@ -208,7 +211,9 @@ def known_hosts_line(address: str, port: int, public_key: str) -> str:
     return f"{target} {parts[0]} {parts[1]}"
 
 
-def render_inventory(state: SandboxState, *, ssh_key: str, known_hosts: str) -> str:
+def render_inventory(
+    state: SandboxState, *, ssh_key: str, known_hosts: str, secrets_env: str | None = None
+) -> str:
     """``DIR/inventory.yaml`` (the DESIGN's Ansible-style contract).
 
     Every host sits in group ``sandbox`` (in order, with its variables) and in the group of
@@ -222,17 +227,20 @@ def render_inventory(state: SandboxState, *, ssh_key: str, known_hosts: str) -> 
         entry["models_dir"] = str(PurePosixPath(h.home) / MODELS_DIR)
         if h.vllm_port:
             entry["vllm_port"] = h.vllm_port
+        entry.update(h.extra_vars)
         hosts[h.name] = entry
     children: dict[str, dict[str, dict[str, dict[str, object]]]] = {SANDBOX_GROUP: {"hosts": hosts}}
     for host in state.hosts:
         group = children.setdefault(group_name(host.vllm), {"hosts": {}})
         group["hosts"][host.name] = {}
-    doc = {
-        "all": {
-            "vars": {"user": state.user, "ssh_key": ssh_key, "known_hosts": known_hosts},
-            "children": children,
-        }
+    all_vars: dict[str, object] = {
+        "user": state.user,
+        "ssh_key": ssh_key,
+        "known_hosts": known_hosts,
     }
+    if secrets_env:
+        all_vars["secrets_env"] = secrets_env  # serve profiles' secrets (VLLM_API_KEY)
+    doc = {"all": {"vars": all_vars, "children": children}}
     header = (
         f"# fleet sandbox inventory, written by `fleet sandbox up` ({len(state.hosts)} hosts,"
         f" {state.backend} backend).\n"

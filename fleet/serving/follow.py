@@ -168,9 +168,15 @@ class LogFollower:
                     yield from self._take(buf[:cut])
                     self.exited = True
                     return
-                if len(buf) > keep:
-                    yield from self._take(buf[:-keep])
-                    buf = buf[-keep:]
+                # hold back only what could be the start of the end marker (a record
+                # separator near the end): every other byte goes out at once
+                held = buf.rfind(RS, max(0, len(buf) - keep))
+                if held >= 0 and end.startswith(buf[held:]):
+                    yield from self._take(buf[:held])
+                    buf = buf[held:]
+                else:
+                    yield from self._take(buf)
+                    buf = b""
             # no end marker: the connection (or the remote follow) broke; what came is kept
             if header:
                 yield from self._take(buf)

@@ -44,9 +44,12 @@ class Preflight:
         return not any(d.is_problem for d in self.diagnoses)
 
 
-def diagnosis(rule_id: str, host: str, evidence: list[str], **values: Any) -> Diagnosis:
+def diagnosis(
+    rule_id: str, host: str, evidence: list[str], *, seen_by: str = "preflight", **values: Any
+) -> Diagnosis:
     """A diagnosis of ``rule_id`` rendered from the catalogue with ``values`` (the same
-    summary, remedy and fix a crash log of that kind gets)."""
+    summary, remedy and fix a crash log of that kind gets); ``evidence`` is what
+    ``seen_by`` observed."""
     from fleet.diagnosis.catalogue import load_catalogue
     from fleet.diagnosis.engine import render
 
@@ -62,7 +65,7 @@ def diagnosis(rule_id: str, host: str, evidence: list[str], **values: Any) -> Di
         root_cause=rule.root_cause.strip(),
         remedy=rule.remedy.strip(),
         fix=fix,
-        evidence=[Evidence(line=0, text=f"preflight: {e}") for e in evidence],
+        evidence=[Evidence(line=0, text=f"{seen_by}: {e}") for e in evidence],
         values=vals,
         role="cause",
         specificity=rule.specificity,

@@ -281,7 +281,7 @@ def _follow(
         result.diagnoses = [
             pre.diagnosis(
                 "load-stalled", host.name,
-                [f"no new output for {stall:.0f}s in phase {tracker.phase}"],
+                [f"no new output for {stall:.0f}s in phase {tracker.phase}"], seen_by="follow",
                 idle_s=f"{stall:.0f}", phase=tracker.phase,
             )
         ]  # fmt: skip
@@ -291,7 +291,7 @@ def _follow(
         result.diagnoses = [
             pre.diagnosis(
                 "load-timeout", host.name,
-                [f"not ready after {budget:.0f}s (phase {tracker.phase})"],
+                [f"not ready after {budget:.0f}s (phase {tracker.phase})"], seen_by="follow",
                 timeout_s=f"{budget:.0f}", phase=tracker.phase,
             )
         ]  # fmt: skip

@@ -89,6 +89,8 @@ def launch_script(profile: Profile, layout: Layout, *, python: str) -> str:
     lines: list[shell.Fragment | shell.Raw] = [
         shell.script("# fleet serve {{name}}: written by fleet (do not edit)", name=profile.name),
         shell.script("cd {{dir}} || exit 1", dir=layout.run_dir),
+        # vLLM's workers open many files: the soft limit up to the hard one
+        shell.Raw('ulimit -n "$(ulimit -Hn)" 2>/dev/null || true'),
         shell.Raw("set -a"),
         shell.Raw("[ -f ./secrets.env ] && . ./secrets.env"),
         shell.Raw("set +a"),
