@@ -29,8 +29,15 @@ from typing import Any, Literal
 import jinja2
 
 from fleet.errors import UsageError
+from fleet.onhost._common import parse_python
 from fleet.patching.manifest import Edit, FileSpec, PatchSet
 from fleet.patching.versions import Version, VersionRange
+
+
+def _literal_eval(text: str) -> Any:
+    """``ast.literal_eval`` through fleet's one parse lock (see ``parse_python``)."""
+    return ast.literal_eval(parse_python(text.lstrip(" \t"), mode="eval"))
+
 
 Status = Literal[
     "would-apply",
@@ -182,7 +189,7 @@ class _Render:
             autoescape=False,
         )
         env.filters["csv"] = _csv
-        env.filters["literal_eval"] = ast.literal_eval
+        env.filters["literal_eval"] = _literal_eval
         env.filters["pyrepr"] = repr
         env.filters["pystr"] = json.dumps
         self.env = env
@@ -219,7 +226,8 @@ def _line_starts(text: str) -> list[int]:
 
 @lru_cache(maxsize=32)
 def _parse(text: str) -> ast.Module:
-    return ast.parse(text)
+    tree: ast.Module = parse_python(text)
+    return tree
 
 
 def _find_scope(tree: ast.Module, dotted: str) -> tuple[ast.AST | None, ast.AST | None, str]:
@@ -494,7 +502,7 @@ def plan_file(
     pieces.append(text[pos:])
     new = "".join(pieces)
     try:
-        ast.parse(new)
+        parse_python(new)
     except SyntaxError as exc:
         return FilePlan(
             path,
