@@ -449,9 +449,11 @@ def find_log_call(
     needles: List[str],
     func: Optional[str] = None,
     exact: bool = False,
+    skip_debug: bool = False,
 ) -> Optional[Dict[str, Any]]:
     """The first logger call (in the order of `files`, then by line) whose format string
-    contains one of `needles` (equals one, with `exact`), optionally inside `func`.
+    contains one of `needles` (equals one, with `exact`), optionally inside `func`, and
+    not at DEBUG level with `skip_debug`.
     {"file", "basename", "line", "level", "method", "fmt", "func"}."""
     for rel in files:
         src = source_file(package_dir, rel)
@@ -462,6 +464,8 @@ def find_log_call(
             for call in calls:
                 fmt = call["fmt"]
                 if fmt is None or not _func_matches(call["func"], func):
+                    continue
+                if skip_debug and call["level"] == "DEBUG":
                     continue
                 if (fmt == needle) if exact else (needle in fmt):
                     return {

@@ -375,17 +375,9 @@ def plan_host(patch_set: PatchSet, vllm_version: str, texts: Mapping[str, str | 
     try:
         version = Version(vllm_version)
     except ValueError:
-        for spec in manifest.files:
-            reason = f"cannot parse the vLLM version {vllm_version!r}"
-            plan.files.append(
-                FilePlan(
-                    spec.path,
-                    "conflict",
-                    texts.get(spec.path),
-                    conflict=Conflict(spec.path, reason),
-                )
-            )
-        return plan
+        return _every_file_conflicts(
+            plan, texts, f"cannot parse the vLLM version {vllm_version!r}", files=manifest.files
+        )
 
     if manifest.upstream_since and version in VersionRange(f">={manifest.upstream_since}"):
         note = f"vLLM {vllm_version} has this upstream (since {manifest.upstream_since})"
@@ -397,16 +389,7 @@ def plan_host(patch_set: PatchSet, vllm_version: str, texts: Mapping[str, str | 
             f"vLLM {vllm_version} is outside the versions this patch set supports "
             f"({manifest.versions})"
         )
-        for spec in manifest.files:
-            plan.files.append(
-                FilePlan(
-                    spec.path,
-                    "conflict",
-                    texts.get(spec.path),
-                    conflict=Conflict(spec.path, reason),
-                )
-            )
-        return plan
+        return _every_file_conflicts(plan, texts, reason, files=manifest.files)
 
     facts, fact_conflicts = _facts(patch_set, texts)
     plan.facts = facts
@@ -419,6 +402,19 @@ def plan_host(patch_set: PatchSet, vllm_version: str, texts: Mapping[str, str | 
             )
             continue
         plan.files.append(plan_file(patch_set, spec, text, vllm_version, context))
+    return plan
+
+
+def _every_file_conflicts(
+    plan: HostPlan, texts: Mapping[str, str | None], reason: str, *, files: list[FileSpec]
+) -> HostPlan:
+    """The plan with every file of the patch set in conflict for one reason."""
+    for spec in files:
+        plan.files.append(
+            FilePlan(
+                spec.path, "conflict", texts.get(spec.path), conflict=Conflict(spec.path, reason)
+            )
+        )
     return plan
 
 
