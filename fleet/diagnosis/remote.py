@@ -74,12 +74,14 @@ def prefilter_regex(catalogue: CompiledCatalogue | None = None) -> str:
 # ONE snapshot of its size and print the ``#fleet`` header. With a tail the line offset is
 # counted in that snapshot, and the commands after it read only that snapshot (``head -c
 # "$size"``), so a log that grows meanwhile cannot shift the line numbers. ``$T`` is
-# ``timeout N`` where the host has coreutils' timeout (a remote-side time limit).
+# ``timeout --foreground N`` where the host has coreutils' timeout (a remote-side time
+# limit); ``--foreground`` keeps it in the command's process group, which the transport's
+# guard ends when fleet goes away (without it, timeout's own group would outlive fleet).
 _CHECK = (
     "export LC_ALL=C; f={{path}}; "
     'if [ ! -r "$f" ]; then echo "fleet: cannot read $f" >&2; exit {{no_file}}; fi; '
     'if [ ! -f "$f" ]; then echo "fleet: $f is not a regular file" >&2; exit {{not_regular}}; fi; '
-    "T=; if command -v timeout >/dev/null 2>&1; then T='timeout {{limit}}'; fi; "
+    "T=; if timeout --foreground 9 true 2>/dev/null; then T='timeout --foreground {{limit}}'; fi; "
     "size=$(wc -c < \"$f\" | tr -d ' ')"
 )
 _HEADER_ALL = Raw('offset=0; echo "#fleet size=$size offset=$offset"')

@@ -4,8 +4,9 @@
 # requested path inside that package directory (symlinks followed; a path that leaves the
 # tree is refused), then run the real `sed -n` or `grep -rn` on it and pass their output
 # through after the answer. The tool runs as a child with a time limit and an output
-# limit: it is killed when either is reached, or when fleet goes away (a write to a closed
-# connection fails), so no remote process outlives the command. Special files (FIFOs,
+# limit: it is killed when either is reached, or when fleet goes away (the runtime's
+# watchdog sees stdin end, or a write to a closed connection fails), so no remote process
+# outlives the command. Special files (FIFOs,
 # devices, sockets) are never read: refused as a target, skipped by grep (-D skip).
 import errno
 import os
@@ -94,6 +95,9 @@ def _pass_through(argv: List[str], cwd: str, limit_s: float, max_lines: Optional
         if exc.errno != errno.EPIPE:
             raise
         status = 141  # fleet went away
+    except SystemExit:
+        status = 143  # fleet went away (the watchdog): stop the tool at once
+        raise
     finally:
         if status is None:  # the tool closed its output: let it finish
             try:

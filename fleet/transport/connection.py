@@ -8,7 +8,11 @@ ProxyJump gateways and paramiko's client) with fleet's rules:
 - tenacity retries with backoff for transient faults while connecting (refused, reset,
   timeout, no banner), never for authentication or host-key failures;
 - commands are :class:`~fleet.transport.shell.Command` texts or argv lists (quoted by
-  :mod:`fleet.transport.shell`, the only module that quotes shell text).
+  :mod:`fleet.transport.shell`, the only module that quotes shell text);
+- no remote process outlives the command that started it: stdin is held open while a
+  command runs and the host ends the command's process group at EOF, i.e. when fleet
+  closes the channel (timeout, Ctrl-C, an error) or the connection drops
+  (:func:`~fleet.transport.shell.guarded`, and the on-host runtime's watchdog).
 
 Commands are executed on a paramiko channel directly (rather than through Invoke's runner)
 so that stdin can be sent and closed, both streams are read fully, and output can be
@@ -132,11 +136,18 @@ class HostConnection:
         ``timeout`` bounds the whole command; on expiry the channel is closed and
         :class:`OperationFailed` is raised. A dropped connection raises
         :class:`ConnectionLost` (exit 3, naming the host).
+
+        Without ``stdin`` the command runs under :func:`fleet.transport.shell.guarded`
+        and a :class:`~fleet.transport.shell.Held` command gets its payload: in both
+        cases stdin stays open until the command ends, so that when fleet gives up (the
+        timeout, Ctrl-C, an error) the host sees EOF and ends what fleet started.
         """
         cmd = command_text(command)
+        held = isinstance(cmd, shell.Held) or stdin is None
+        sent = cmd if stdin is not None or isinstance(cmd, shell.Held) else shell.guarded(cmd)
         started = time.monotonic()
         deadline = started + timeout if timeout else None
-        chan = self._open_channel(cmd, timeout)
+        chan = self._open_channel(sent, timeout)
         err_chunks: list[bytes] = []
         out_chunks: list[bytes] = []
         failure: list[BaseException] = []
@@ -163,7 +174,7 @@ class HostConnection:
                     # missing interpreter): its exit status says what happened.
                     if not chan.exit_status_ready():
                         raise
-            if not chan.closed:
+            if not chan.closed and not held:
                 chan.shutdown_write()
             while True:
                 if deadline is not None:
@@ -241,7 +252,7 @@ class HostConnection:
         """
         cmd = command_text(command)
         log.debug("%s: streaming: %s", self.host.name, shell.masked(cmd)[:500])
-        chan = self._open_channel(cmd, timeout)
+        chan = self._open_channel(shell.guarded(cmd, stdin_open=True), timeout)
         chan.settimeout(timeout)
         try:
             while True:
