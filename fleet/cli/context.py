@@ -23,16 +23,20 @@ LOG_FORMAT = "fleet: %(levelname)s %(name)s: %(message)s"
 
 def setup_logging(verbose: int) -> None:
     """``-vv`` logs every remote command (masked) with host, exit code, duration and bytes,
-    and the traceback of a host's unexpected exception, on stderr."""
+    the traceback of a host's unexpected exception, and paramiko's own records (INFO and
+    up: handshakes, a port that does not speak SSH...) on stderr. Without ``-vv`` nothing
+    of paramiko's reaches stderr: each failure is one line for its host."""
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
     if verbose < 2:
         return
-    root = logging.getLogger("fleet")
-    if not any(getattr(h, "_fleet", False) for h in root.handlers):
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler._fleet = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
+    for name, level in (("fleet", logging.DEBUG), ("paramiko", logging.INFO)):
+        logger = logging.getLogger(name)
+        if not any(getattr(h, "_fleet", False) for h in logger.handlers):
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter(LOG_FORMAT))
+            handler._fleet = True  # type: ignore[attr-defined]
+            logger.addHandler(handler)
+        logger.setLevel(level)
 
 
 @dataclass

@@ -55,6 +55,11 @@ class ConnectionLost(ConnectError):
 
 
 log = logging.getLogger(__name__)
+# paramiko's transport thread logs each failed handshake (a port that does not speak SSH,
+# a reset) as ERROR records with a traceback, which Python's last-resort handler would
+# print on stderr: fleet reports such a failure as one line per host, and -vv shows
+# paramiko's records (fleet.cli.context.setup_logging).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -453,10 +458,18 @@ def open_connection(
             code="connect-timeout",
         ) from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise ConnectError(
-            spec.name, f"cannot connect to {where}: {exc or type(exc).__name__}"
-        ) from None
+        reason = _one_line(str(exc) or type(exc).__name__)
+        if "banner" in reason.lower():
+            raise ConnectError(
+                spec.name, f"cannot connect to {where}: no SSH server answered there ({reason})"
+            ) from None
+        raise ConnectError(spec.name, f"cannot connect to {where}: {reason}") from None
     return HostConnection(spec, conn, owned_gateways=_owned_gateways(conn, shared))
+
+
+def _one_line(text: str) -> str:
+    """paramiko's message on one line (``...banner[Errno 104] ...`` gets its space)."""
+    return " ".join(text.replace("banner[", "banner: [").split())
 
 
 def scan_host_key(
