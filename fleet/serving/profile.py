@@ -30,8 +30,20 @@ class ProfileError(UsageError):
     code = "profile-invalid"
 
 
+# a line break or another control character in a value would start a new line in the
+# launch script, the supervisord program or the systemd unit (ExecStartPre=...)
+_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*")
+    @classmethod
+    def _one_line(cls, value: Any) -> Any:
+        if isinstance(value, str) and _CONTROL.search(value):
+            raise ValueError("a control character (newline, tab, escape...) is not allowed")
+        return value
 
 
 class SpeculativeConfig(_Model):
