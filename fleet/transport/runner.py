@@ -256,18 +256,40 @@ class LocalRunner:
         return socket.create_connection((host, port), timeout=timeout)
 
 
-def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
+MAX_LINE_BYTES = 1 << 20  # a longer streamed line is cut here (the rest up to its end dropped)
+
+
+def split_lines(chunks: Iterator[bytes], max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
     """Decoded lines of a byte stream (a last line without a newline included); closing
-    the line iterator closes the stream."""
-    buf = b""
+    the line iterator closes the stream. A line longer than ``max_line`` bytes is cut
+    there, so a stream of a multi-GiB line (NUL bytes) costs bounded memory and time."""
+    pending: list[bytes] = []
+    size = 0
+    cut = False  # the current line was cut: drop bytes up to its newline
     try:
         for data in chunks:
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                yield line.decode("utf-8", errors="replace")
-        if buf:
-            yield buf.decode("utf-8", errors="replace")
+            start = 0
+            while True:
+                end = data.find(b"\n", start)
+                piece = data[start:] if end < 0 else data[start:end]
+                if not cut:
+                    room = max_line - size
+                    if len(piece) > room:
+                        piece, cut = piece[:room], True
+                        pending.append(piece)
+                        yield b"".join(pending).decode("utf-8", errors="replace")
+                        pending, size = [], 0
+                    elif piece:
+                        pending.append(piece)
+                        size += len(piece)
+                if end < 0:
+                    break
+                if not cut:
+                    yield b"".join(pending).decode("utf-8", errors="replace")
+                pending, size, cut = [], 0, False
+                start = end + 1
+        if pending and not cut:
+            yield b"".join(pending).decode("utf-8", errors="replace")
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
