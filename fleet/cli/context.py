@@ -124,3 +124,21 @@ def host_option(required: bool = True) -> Callable[[F], F]:
 
 
 pass_app = click.make_pass_decorator(AppContext)
+
+
+class Seconds(click.FloatRange):
+    """A duration in seconds, ``min`` up to a week: ``nan`` and ``inf`` (which pass a plain
+    FloatRange, nan compares false with both bounds) are bad input at parse time."""
+
+    name = "seconds"
+
+    def __init__(self, min: float = 1.0, max: float = 7 * 86400.0) -> None:
+        super().__init__(min=min, max=max)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return number
