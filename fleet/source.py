@@ -196,6 +196,7 @@ def parse_grep_output(vllm_dir: str, body: bytes, limit: int | None = DEFAULT_LI
 
 
 EXIT_TIME_LIMIT = 124
+EXIT_OUTPUT_LIMIT = 123  # the tool's output passed the on-host cap (fleet/onhost/source.py)
 
 
 def _call(conn: Runner, request: dict[str, Any], what: str, timeout: float) -> RawAnswer:
@@ -211,6 +212,12 @@ def _call(conn: Runner, request: dict[str, Any], what: str, timeout: float) -> R
                 f"{host}: {what} resolves outside the vLLM tree; refused"
             ) from None
         raise
+    if raw.exit_code == EXIT_OUTPUT_LIMIT:
+        raise OperationFailed(
+            f"{host}: {request['op']} of {what} printed more than the host passes on "
+            "(32 MiB); stopped",
+            hint="narrow it: a line range (FILE:A-B), a path, --include or --limit",
+        )
     if raw.exit_code == EXIT_TIME_LIMIT:
         raise OperationFailed(
             f"{host}: {request['op']} of {what} stopped after {request['time_limit']:.0f}s "

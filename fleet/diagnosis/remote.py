@@ -135,7 +135,7 @@ _TAIL = 'head -c "$size" -- "$f" | tail -n {{lines}} | cut -b 1-{{max_line}}'
 # The follow ends when fleet closes the connection: fleet keeps the command's stdin open,
 # and the foreground ``cat`` returns at its end (EOF), then stops the ``tail -F``.
 _FOLLOW = (
-    'head -c "$size" -- "$f" | tail -n {{lines}}; '
+    'head -c "$size" -- "$f" | tail -n {{lines}} | cut -b 1-{{max_line}}; '
     '( exec tail -c +$((size + 1)) -F -- "$f" 2>/dev/null ) & t=$!; '
     'cat >/dev/null; kill "$t" 2>/dev/null'
 )
@@ -188,7 +188,8 @@ def tail_command(path: str, lines: int) -> shell.Command:
 def follow_command(path: str, lines: int) -> shell.Command:
     """The last ``lines`` lines of the snapshot, then ``tail -F`` from the byte after it
     (nothing is shown twice or skipped, and the header's offset numbers every line)."""
-    return shell.sh(shell.sequence(_header(path, lines), shell.script(_FOLLOW, lines=int(lines))))
+    follow = shell.script(_FOLLOW, lines=int(lines), max_line=MAX_LINE_BYTES)
+    return shell.sh(shell.sequence(_header(path, lines), follow))
 
 
 _GREP_LINE = re.compile(r"(\d+)[:-](.*)", re.DOTALL)
