@@ -135,7 +135,7 @@ _TAIL = 'head -c "$size" -- "$f" | tail -n {{lines}} | cut -b 1-{{max_line}}'
 # The follow ends when fleet closes the connection: fleet keeps the command's stdin open,
 # and the foreground ``cat`` returns at its end (EOF), then stops the ``tail -F``.
 _FOLLOW = (
-    'head -c "$size" -- "$f" | tail -n {{lines}} | cut -b 1-{{max_line}}; '
+    'head -c "$size" -- "$f" | tail -n {{lines}}; '
     '( exec tail -c +$((size + 1)) -F -- "$f" 2>/dev/null ) & t=$!; '
     'cat >/dev/null; kill "$t" 2>/dev/null'
 )
@@ -188,7 +188,9 @@ def tail_command(path: str, lines: int) -> shell.Command:
 def follow_command(path: str, lines: int) -> shell.Command:
     """The last ``lines`` lines of the snapshot, then ``tail -F`` from the byte after it
     (nothing is shown twice or skipped, and the header's offset numbers every line)."""
-    follow = shell.script(_FOLLOW, lines=int(lines), max_line=MAX_LINE_BYTES)
+    # no cut here: it would end a last line still being written (tail -F goes on with it);
+    # fleet's stream splitter cuts long lines instead (fleet.transport.runner.split_lines)
+    follow = shell.script(_FOLLOW, lines=int(lines))
     return shell.sh(shell.sequence(_header(path, lines), follow))
 
 
