@@ -123,7 +123,7 @@ class HostConnection:
             chan.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             if chan is not None:
-                chan.close()
+                _close(chan)
             reason = str(exc) or type(exc).__name__
             raise ConnectionLost(self.host.name, f"connection lost: {reason}") from None
         self.commands_run += 1
@@ -200,7 +200,7 @@ class HostConnection:
             if failure:
                 raise failure[0]
         except TimeoutError:
-            chan.close()
+            _close(chan)
             raise OperationFailed(
                 f"{self.host.name}: command timed out after {timeout:.0f}s: "
                 f"{_short(shell.masked(cmd))}",
@@ -212,7 +212,7 @@ class HostConnection:
                 f"connection lost while running {_short(shell.masked(cmd))}: {exc}",
             ) from None
         finally:
-            chan.close()
+            _close(chan)
         if exit_code == -1:
             # The channel closed without an exit status: the connection dropped.
             raise ConnectionLost(
@@ -278,7 +278,7 @@ class HostConnection:
                 self.host.name, f"connection lost while streaming: {exc}"
             ) from None
         finally:
-            chan.close()
+            _close(chan)
 
     def open_tcp(self, port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> Any:
         """A direct-tcpip channel to ``host:port`` as the host sees it (nothing needs to
@@ -304,6 +304,15 @@ class HostConnection:
                 conn.close()
             except Exception:
                 pass
+
+
+def _close(chan: paramiko.Channel) -> None:
+    """Close a channel; over a connection that already dropped there is nothing to tell
+    (the host sees the connection end, which ends the command: shell.guarded)."""
+    try:
+        chan.close()
+    except (EOFError, OSError, paramiko.SSHException):
+        pass
 
 
 def _short(cmd: str, limit: int = 80) -> str:
