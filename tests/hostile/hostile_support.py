@@ -129,6 +129,12 @@ def one_line_error(run: CliRun) -> bool:
     return len(lines) == 1 and lines[0].startswith("fleet: error: ")
 
 
+def usage_error(run: CliRun) -> bool:
+    """click's refusal of an option value (exit 2): its usage lines and one ``Error:``."""
+    lines = run.stderr.strip().splitlines()
+    return sum(line.startswith("Error: ") for line in lines) == 1 and "Traceback" not in run.stderr
+
+
 class Hung(Exception):
     pass
 
