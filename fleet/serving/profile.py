@@ -28,7 +28,16 @@ MAX_PROFILE_BYTES = 256 * 1024
 
 
 class ProfileError(UsageError):
+    """A profile refused (exit 2): its message on one line whatever the profile's keys and
+    values hold (control characters escaped, long messages cut)."""
+
     code = "profile-invalid"
+
+    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None) -> None:
+        text = "".join(
+            c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message
+        )
+        super().__init__(text if len(text) <= 1000 else text[:997] + "...", hint=hint, code=code)
 
 
 # a line break or another control character in a value would start a new line in the
