@@ -27,7 +27,9 @@ def run_cli(command: click.Command, argv: list[str] | None) -> int:
     try:
         rv = command.main(args=argv, prog_name="fleet", standalone_mode=False)
     except FleetError as exc:
-        click.echo(f"fleet: error: {exc}", err=True)
+        from fleet.cli.render import terminal_safe
+
+        click.echo(f"fleet: error: {terminal_safe(str(exc))}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo(INTERRUPTED, err=True)
