@@ -30,6 +30,7 @@ from hostile_support import Tally, run_fleet
 from fleet.errors import FleetError
 
 CANARY_NAME = "PWNED-canary"
+SMALL = "_version.py"  # grep one small file of the tree: the payload is what is tested
 PAYLOADS = [
     "; touch {c}",
     "$(touch {c})",
@@ -127,28 +128,37 @@ def test_every_remote_place_over_ssh(shared_sandbox: Any, canary: Path, tally: T
     home = Path(shared_sandbox.hosts[0].home)
     with Session(inventory) as session:
         conn = session.connect(spec)
-        for payload in corpus(canary):
+        for i, payload in enumerate(corpus(canary)):
+            # every payload where the string meets the host's shell...
             places: dict[str, Callable[[], Any]] = {
                 "logs path": lambda p=payload: tail_lines(conn, check_path("~/" + p), 5),
                 "logs absolute path": lambda p=payload: tail_lines(
                     conn, check_path("/tmp/" + p), 5
                 ),
-                "logs --diagnose path": lambda p=payload: diagnose_remote(
-                    conn, check_path("~/" + p)
-                ),
                 "logs profile": lambda p=payload: tail_lines(conn, profile_log_path(p), 5),
-                "source show": lambda p=payload: show_file(conn, parse_file_spec(p)),
-                "source grep regex": lambda p=payload: grep_tree(conn, p, limit=5),
-                "source grep fixed": lambda p=payload: grep_tree(conn, p, fixed=True, limit=5),
-                "source grep path": lambda p=payload: grep_tree(conn, "x", p, limit=5),
-                "source grep include": lambda p=payload: grep_tree(
-                    conn, "x", includes=[p], limit=5
-                ),
+                "port from a log": lambda p=payload: port_holder(conn, p),
                 "inventory python": lambda p=payload: run_raw(
                     _As(conn, spec.model_copy(update={"python": p})), "facts", {"op": "facts"}
                 ),
-                "port from a log": lambda p=payload: port_holder(conn, p),
             }
+            # ...every other one where it travels in an on-host request (JSON on stdin)
+            if i % 2 == 0:
+                places.update(
+                    {
+                        "logs --diagnose path": lambda p=payload: diagnose_remote(
+                            conn, check_path("~/" + p)
+                        ),
+                        "source show": lambda p=payload: show_file(conn, parse_file_spec(p)),
+                        "source grep regex": lambda p=payload: grep_tree(conn, p, SMALL, limit=5),
+                        "source grep fixed": lambda p=payload: grep_tree(
+                            conn, p, SMALL, fixed=True, limit=5
+                        ),
+                        "source grep path": lambda p=payload: grep_tree(conn, "x", p, limit=5),
+                        "source grep include": lambda p=payload: grep_tree(
+                            conn, "x", "model_executor/layers", includes=[p], limit=5
+                        ),
+                    }
+                )
             for place, call in places.items():
                 _attempt(tally, category, canary, f"{place}: {payload!r}", call)
             # argv stays argv: each word arrives whole, whatever it holds

@@ -138,7 +138,7 @@ def test_two_patches_at_once_write_once(box: Any, tally: Tally) -> None:
     category = "patch concurrency"
     original = _state(box)
     once: dict[str, str] | None = None
-    for round_ in range(3 * SCALE):
+    for round_ in range(2 * SCALE):
         for mode in ("apply", "revert"):
             args = ("--revert",) if mode == "revert" else ()
             procs = [_popen(box, *args) for _ in range(2)]

@@ -182,7 +182,7 @@ def _settings(examples: int) -> settings:
 def test_structured_profiles(workdir: Path, tally: Tally) -> None:
     category = "serve profiles (structured)"
 
-    @_settings(300)
+    @_settings(200)
     @given(st.lists(st.tuples(st.sampled_from(KEYS), VALUE), min_size=1, max_size=4), st.booleans())
     def one(changes: list[tuple[str, Any]], drop: bool) -> None:
         doc = yaml.safe_load(SHIPPED)
