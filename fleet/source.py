@@ -25,6 +25,7 @@ SOURCE_TIMEOUT = 120.0
 TIME_LIMIT_MARGIN = 10.0  # the tool on the host stops this much before fleet gives up
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000_000
+MAX_LINE = 2**31 - 1  # FILE:A-B beyond this is bad input (sed's addresses would wrap)
 SCRIPT = "source"
 
 _RANGE = re.compile(r"^(?P<start>\d+)(?:(?P<dash>-)(?P<end>\d*))?$")
@@ -114,6 +115,8 @@ def parse_file_spec(text: str) -> FileSpec:
             end = int(match["end"])
         if start < 1:
             raise UsageError(f"bad line range {tail!r} in {text!r}: lines are numbered from 1")
+        if max(start, end or 0) > MAX_LINE:
+            raise UsageError(f"bad line range in {text!r}: line numbers go up to {MAX_LINE}")
         if end is not None and end < start:
             raise UsageError(f"bad line range {tail!r} in {text!r}: {end} is before {start}")
     if not path:
@@ -193,6 +196,7 @@ def parse_grep_output(vllm_dir: str, body: bytes, limit: int | None = DEFAULT_LI
 
 
 EXIT_TIME_LIMIT = 124
+EXIT_OUTPUT_LIMIT = 123  # the tool's output passed the on-host cap (fleet/onhost/source.py)
 
 
 def _call(conn: Runner, request: dict[str, Any], what: str, timeout: float) -> RawAnswer:
@@ -208,6 +212,12 @@ def _call(conn: Runner, request: dict[str, Any], what: str, timeout: float) -> R
                 f"{host}: {what} resolves outside the vLLM tree; refused"
             ) from None
         raise
+    if raw.exit_code == EXIT_OUTPUT_LIMIT:
+        raise OperationFailed(
+            f"{host}: {request['op']} of {what} printed more than the host passes on "
+            "(32 MiB); stopped",
+            hint="narrow it: a line range (FILE:A-B), a path, --include or --limit",
+        )
     if raw.exit_code == EXIT_TIME_LIMIT:
         raise OperationFailed(
             f"{host}: {request['op']} of {what} stopped after {request['time_limit']:.0f}s "

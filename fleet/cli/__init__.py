@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 
 import click
 
@@ -125,7 +124,8 @@ def cli(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: maps fleet errors to one line on stderr and an exit code."""
-    from fleet.cli.errors import run_cli
+    """Console entry point: maps fleet errors to one line on stderr and an exit code (a
+    Ctrl-C, wherever it lands, to ``fleet: interrupted`` and 130)."""
+    from fleet.cli.errors import main_exit
 
-    sys.exit(run_cli(cli, argv))
+    main_exit(cli, argv)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 DEFAULT_SHOW = 100
 DEFAULT_FOLLOW = 10
+MAX_TAIL = 10_000_000  # --tail: more lines than this is bad input (exit 2 at parse time)
 SEVERITY_STYLE = {"fatal": "bold red", "error": "red", "warning": "yellow"}
 
 
@@ -58,7 +59,7 @@ SEVERITY_STYLE = {"fatal": "bold red", "error": "red", "warning": "yellow"}
 @click.option(
     "--tail",
     "tail",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_TAIL),
     default=None,
     metavar="N",
     help=f"Only the last N lines [default: {DEFAULT_SHOW} when showing, all when diagnosing].",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleet.cli.context import AppContext, host_option, pass_app
+from fleet.cli.context import AppContext, Seconds, host_option, pass_app
 from fleet.errors import EXIT_OK
 
 if TYPE_CHECKING:
@@ -157,9 +157,9 @@ def _event_line(event: dict[str, Any]) -> str | None:
 @click.argument("profile")
 @host_option()
 @click.option("--no-wait", is_flag=True, help="Return once vLLM is started (follow later).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=None, metavar="S",
+@click.option("--timeout", type=Seconds(), default=None, metavar="S",
               help="Load budget in seconds [default: the profile's load_timeout_s].")  # fmt: skip
-@click.option("--stall-timeout", type=click.FloatRange(min=1), default=None, metavar="S",
+@click.option("--stall-timeout", type=Seconds(), default=None, metavar="S",
               help="No new output for S seconds: stalled [default: the profile's].")  # fmt: skip
 @click.option("--skip-preflight", is_flag=True, help="Start even if preflight finds a problem.")
 @click.option("--restart", is_flag=True, help="Replace a server already running this profile.")

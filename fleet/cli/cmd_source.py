@@ -31,9 +31,11 @@ def _finish(app: AppContext, outcomes: list[HostOutcome[Any]]) -> int:
     from fleet.transport import exit_code
 
     if not app.json_output:
+        from fleet.cli.render import terminal_safe
+
         for o in outcomes:
             if o.status == "refused":
-                click.echo(f"fleet: error: {o.host}: {o.error}", err=True)
+                click.echo(f"fleet: error: {o.host}: {terminal_safe(o.error or '')}", err=True)
         failure_lines(app.err_console, [o for o in outcomes if o.status != "refused"])
     return exit_code(outcomes)
 
@@ -97,7 +99,8 @@ def _print_shown(outcomes: list[HostOutcome[ShownFile]], label: str, raw: bool) 
         if not value.lines:
             click.echo(f"(no lines in {label}; the file has {value.total_lines} lines)")
         for number, text in value.lines:
-            click.echo(f"{number:>{width}}  {safe(text)}")
+            # color=True: click would strip ANSI sequences from --raw text off a terminal
+            click.echo(f"{number:>{width}}  {safe(text)}", color=True)
 
 
 @source.command()
@@ -195,14 +198,15 @@ def grep(
                 continue
             for m in sorted(value.matches, key=lambda m: (m.path, m.line)):
                 click.echo(
-                    f"{o.host}: {m.path}:{m.line}:{m.text if raw else terminal_safe(m.text)}"
+                    f"{o.host}: {m.path}:{m.line}:{m.text if raw else terminal_safe(m.text)}",
+                    color=True,  # --raw is the host's bytes, on a terminal or not
                 )
             if value.truncated:
                 click.echo(
                     f"{o.host}: (output cut at {limit} lines; use --limit 0 for all)", err=True
                 )
             for warning in value.warnings:
-                click.echo(f"{o.host}: warning: {warning}", err=True)
+                click.echo(f"{o.host}: warning: {terminal_safe(warning)}", err=True)
         searched = [o.value for o in outcomes if o.ok and o.value is not None]
         if searched and not any(r.matches for r in searched):
             click.echo(f"no matches on {len(searched)} host(s)", err=True)

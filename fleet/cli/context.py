@@ -23,16 +23,20 @@ LOG_FORMAT = "fleet: %(levelname)s %(name)s: %(message)s"
 
 def setup_logging(verbose: int) -> None:
     """``-vv`` logs every remote command (masked) with host, exit code, duration and bytes,
-    and the traceback of a host's unexpected exception, on stderr."""
+    the traceback of a host's unexpected exception, and paramiko's own records (INFO and
+    up: handshakes, a port that does not speak SSH...) on stderr. Without ``-vv`` nothing
+    of paramiko's reaches stderr: each failure is one line for its host."""
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
     if verbose < 2:
         return
-    root = logging.getLogger("fleet")
-    if not any(getattr(h, "_fleet", False) for h in root.handlers):
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler._fleet = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
+    for name, level in (("fleet", logging.DEBUG), ("paramiko", logging.INFO)):
+        logger = logging.getLogger(name)
+        if not any(getattr(h, "_fleet", False) for h in logger.handlers):
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter(LOG_FORMAT))
+            handler._fleet = True  # type: ignore[attr-defined]
+            logger.addHandler(handler)
+        logger.setLevel(level)
 
 
 @dataclass
@@ -120,3 +124,21 @@ def host_option(required: bool = True) -> Callable[[F], F]:
 
 
 pass_app = click.make_pass_decorator(AppContext)
+
+
+class Seconds(click.FloatRange):
+    """A duration in seconds, ``min`` up to a week: ``nan`` and ``inf`` (which pass a plain
+    FloatRange, nan compares false with both bounds) are bad input at parse time."""
+
+    name = "seconds"
+
+    def __init__(self, min: float = 1.0, max: float = 7 * 86400.0) -> None:
+        super().__init__(min=min, max=max)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return number

@@ -85,17 +85,18 @@ def emit_json_line(obj: Any) -> None:
 
 
 def failure_lines(console: Console, outcomes: Sequence[HostOutcome[Any]]) -> None:
-    """One line per host that did not succeed, ``host: error``, and its ``next:`` hint."""
+    """One line per host that did not succeed, ``host: error``, and its ``next:`` hint
+    (an error quotes host output or user input: control characters shown as ``\\xNN``)."""
     for o in outcomes:
         if o.ok:
             continue
         console.print(
-            f"[{STATUS_STYLE.get(o.status, 'red')}]{escape(o.host)}[/]: "
-            f"{escape(o.error or o.status)}",
+            f"[{STATUS_STYLE.get(o.status, 'red')}]{escape(terminal_safe(o.host))}[/]: "
+            f"{escape(terminal_safe(o.error or o.status))}",
             soft_wrap=True,
         )
         if o.hint:
-            console.print(f"  [dim]next:[/] {escape(o.hint)}", soft_wrap=True)
+            console.print(f"  [dim]next:[/] {escape(terminal_safe(o.hint))}", soft_wrap=True)
 
 
 def host_table(

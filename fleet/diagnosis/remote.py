@@ -47,6 +47,9 @@ RUN_DIR = "~/.fleet/run"
 EXIT_NO_FILE = 66
 EXIT_NOT_REGULAR = 67
 TIME_LIMIT = 570  # seconds a finite log command may run on the host (fleet waits 600)
+MEMORY_LIMIT_KIB = 2**20  # the log commands' address space on the host (1 GiB): grep and
+# tail hold a whole line, and a multi-GiB line (a preallocated log, NUL bytes) must fail
+# ("memory exhausted") rather than exhaust the host
 
 _PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 
@@ -74,12 +77,14 @@ def prefilter_regex(catalogue: CompiledCatalogue | None = None) -> str:
 # ONE snapshot of its size and print the ``#fleet`` header. With a tail the line offset is
 # counted in that snapshot, and the commands after it read only that snapshot (``head -c
 # "$size"``), so a log that grows meanwhile cannot shift the line numbers. ``$T`` is
-# ``timeout N`` where the host has coreutils' timeout (a remote-side time limit).
+# ``timeout --foreground N`` where the host has coreutils' timeout (a remote-side time
+# limit); ``--foreground`` keeps it in the command's process group, which the transport's
+# guard ends when fleet goes away (without it, timeout's own group would outlive fleet).
 _CHECK = (
-    "export LC_ALL=C; f={{path}}; "
+    "export LC_ALL=C; ulimit -v {{memory}} 2>/dev/null; f={{path}}; "
     'if [ ! -r "$f" ]; then echo "fleet: cannot read $f" >&2; exit {{no_file}}; fi; '
     'if [ ! -f "$f" ]; then echo "fleet: $f is not a regular file" >&2; exit {{not_regular}}; fi; '
-    "T=; if command -v timeout >/dev/null 2>&1; then T='timeout {{limit}}'; fi; "
+    "T=; if timeout --foreground 9 true 2>/dev/null; then T='timeout --foreground {{limit}}'; fi; "
     "size=$(wc -c < \"$f\" | tr -d ' ')"
 )
 _HEADER_ALL = Raw('offset=0; echo "#fleet size=$size offset=$offset"')
@@ -100,6 +105,7 @@ def _header(path: str, tail: int | None) -> shell.Fragment:
         no_file=EXIT_NO_FILE,
         not_regular=EXIT_NOT_REGULAR,
         limit=TIME_LIMIT,
+        memory=MEMORY_LIMIT_KIB,
     )
     if tail is None:
         return shell.sequence(check, _HEADER_ALL)
@@ -125,7 +131,7 @@ _GREP = (
 _GREP_ARGS = "grep -a -n -E -B{{window}} -A{{window}} -e {{ere}}"
 _FROM_FILE = '$T {{grep}} -- "$f"'
 _FROM_TAIL = 'head -c "$size" -- "$f" | tail -n {{tail}} | $T {{grep}}'
-_TAIL = 'head -c "$size" -- "$f" | tail -n {{lines}}'
+_TAIL = 'head -c "$size" -- "$f" | tail -n {{lines}} | cut -b 1-{{max_line}}'
 # The follow ends when fleet closes the connection: fleet keeps the command's stdin open,
 # and the foreground ``cat`` returns at its end (EOF), then stops the ``tail -F``.
 _FOLLOW = (
@@ -175,13 +181,17 @@ def grep_command(
 
 def tail_command(path: str, lines: int) -> shell.Command:
     """Plain ``tail`` with the same header (for showing a log without diagnosing)."""
-    return shell.sh(shell.sequence(_header(path, lines), shell.script(_TAIL, lines=int(lines))))
+    tail = shell.script(_TAIL, lines=int(lines), max_line=MAX_LINE_BYTES)
+    return shell.sh(shell.sequence(_header(path, lines), tail))
 
 
 def follow_command(path: str, lines: int) -> shell.Command:
     """The last ``lines`` lines of the snapshot, then ``tail -F`` from the byte after it
     (nothing is shown twice or skipped, and the header's offset numbers every line)."""
-    return shell.sh(shell.sequence(_header(path, lines), shell.script(_FOLLOW, lines=int(lines))))
+    # no cut here: it would end a last line still being written (tail -F goes on with it);
+    # fleet's stream splitter cuts long lines instead (fleet.transport.runner.split_lines)
+    follow = shell.script(_FOLLOW, lines=int(lines))
+    return shell.sh(shell.sequence(_header(path, lines), follow))
 
 
 _GREP_LINE = re.compile(r"(\d+)[:-](.*)", re.DOTALL)
@@ -235,6 +245,7 @@ def tail_lines(
 ) -> list[tuple[int, str]]:
     """The last ``lines`` lines of ``path`` on the host, numbered, secrets masked."""
     res = conn.run(tail_command(path, lines), timeout=timeout)
+    _check_exhausted(conn, path, res.stderr)
     if res.exit_code in (EXIT_NO_FILE, EXIT_NOT_REGULAR) or not res.ok:
         msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "tail failed"
         raise OperationFailed(
@@ -298,6 +309,17 @@ def _missing(conn: Runner, path: str, stderr: str) -> OperationFailed:
     )
 
 
+def _check_exhausted(conn: Runner, path: str, stderr: str) -> None:
+    """A pipeline's status is its last command's: a grep or tail that ran out of memory
+    (a line longer than the host-side limit) is only in stderr."""
+    if "memory exhausted" in stderr or "Cannot allocate memory" in stderr:
+        raise OperationFailed(
+            f"{conn.host.name}: {path} has a line longer than fleet reads on the host "
+            f"(the log commands ran out of their {MEMORY_LIMIT_KIB // 1024} MiB)",
+            hint="a log of NUL bytes or a preallocated file? check it with ls -ls / head -c",
+        )
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n} bytes"
 
@@ -320,6 +342,7 @@ def diagnose_remote(
     res = conn.run(command, timeout=timeout)
     if res.exit_code in (EXIT_NO_FILE, EXIT_NOT_REGULAR):
         raise _missing(conn, path, res.stderr)
+    _check_exhausted(conn, path, res.stderr)
     if not res.ok:
         raise OperationFailed(
             f"{conn.host.name}: log filter exited {res.exit_code}: {res.stderr.strip()[-300:]}"

@@ -9,6 +9,11 @@
 #
 #     raise SystemExit(serve(OPS, "<base64 of zlib of the JSON request>"))
 #
+# fleet sends the bundle framed on stdin to `PY -c LOADER` (fleet.transport.shell.python:
+# sys.path fixed first, then exactly the bundle read and run) and keeps stdin open while it
+# waits: EOF on it means fleet is gone, and the watchdog (watch_fleet) ends the script and
+# the tools it started, unless the operation holds (hold_on_hangup: a write in progress).
+#
 # The script answers with ONE envelope on stdout (begin marker, base64 of zlib of JSON,
 # end marker), so that a noisy shell start-up file cannot corrupt the answer:
 #
@@ -174,12 +179,64 @@ def emit(doc: Dict[str, Any]) -> None:
         pass
 
 
+HOLDING = [False]  # set by hold_on_hangup(): the operation finishes even without fleet
+GRACE_S = 5.0
+
+
 def hold_on_hangup() -> None:
-    """Ignore SIGHUP: a write in progress finishes even if the SSH connection drops."""
+    """Finish this operation even if fleet goes away (a write in progress is never cut):
+    SIGHUP ignored, and the watchdog (watch_fleet) lets the script run to its end."""
+    HOLDING[0] = True
     try:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     except (AttributeError, ValueError):
         pass
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def watch_fleet() -> None:
+    """End this script when fleet goes away, unless it holds (hold_on_hangup).
+
+    fleet's loader (fleet.transport.shell.python) leaves stdin open as `_fleet_stdin`
+    while fleet waits for the answer: EOF on it means fleet is gone (its timeout, Ctrl-C,
+    an error, a dropped connection). Then the script gets SIGTERM, raised as SystemExit
+    in the main thread, so `finally` blocks end the tools it started (their process
+    groups); if it is still alive after a grace period, it exits."""
+    held = globals().get("_fleet_stdin")
+    if held is None:  # run some other way (python -): nobody to watch
+        return
+    import threading
+
+    try:
+        signal.signal(signal.SIGTERM, _terminated)
+    except (AttributeError, ValueError):
+        return
+
+    try:
+        fd = held.fileno()
+    except (OSError, ValueError, AttributeError):
+        return
+
+    def wait() -> None:
+        # the raw descriptor, never the buffered reader: its lock, held by a blocked
+        # daemon thread, would stall the interpreter's shutdown
+        try:
+            while os.read(fd, 65536):
+                pass
+        except OSError:
+            pass
+        if HOLDING[0]:
+            return
+        os.kill(os.getpid(), signal.SIGTERM)
+        import time
+
+        time.sleep(GRACE_S)
+        os._exit(143)
+
+    threading.Thread(target=wait, name="fleet-watchdog", daemon=True).start()
 
 
 class Then:
@@ -199,6 +256,7 @@ def serve(
     Exit status: 0 when an answer was given (result or refusal), 1 on an unexpected fault,
     or the status of a `Then` operation's output step."""
     doc: Dict[str, Any] = {"schema": SCHEMA, "script": script}
+    watch_fleet()
     try:
         request = decode(encoded)
         if not isinstance(request, dict):

@@ -339,6 +339,12 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
             if _sha(new) != item["sha256_after"]:
                 raise Refused(item["path"] + ": the new text was damaged in transit", "bad-request")
         if conflicts:
+            after = {item["path"]: item["sha256_after"] for item in items}
+            if all(c["actual"] == after[c["path"]] for c in conflicts) and len(conflicts) == len(
+                items
+            ):
+                # another fleet run wrote exactly this patch meanwhile (it held the lock)
+                return {"ok": True, "written": [], "already": sorted(after)}
             return {"ok": False, "conflicts": conflicts, "written": []}
 
         # 2. backups of the originals and the manifest, before any target is touched

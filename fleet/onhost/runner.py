@@ -3,9 +3,11 @@
 Not shipped. ``bundle(name)`` is the text a host's interpreter runs (see ``_common.py``):
 a prologue that drops the working directory from ``sys.path``, ``_common.py``, the
 ``fleet.onhost`` modules the script imports (their import lines removed, each module once),
-the script, and the call of its ``OPS``. :func:`run_onhost` sends it on stdin to
-``sh -c 'exec PY -'`` with the request, maps a missing interpreter (exit 126/127), finds
-the envelope, checks its schema and validates the result with a pydantic model.
+the script, and the call of its ``OPS``. :func:`run_onhost` sends it with the request,
+framed, on stdin to ``sh -c 'exec PY -c LOADER'`` (:func:`fleet.transport.shell.python`;
+stdin then stays open: its end tells the script that fleet is gone), maps a missing
+interpreter (exit 126/127), finds the envelope, checks its schema and validates the
+result with a pydantic model.
 """
 
 from __future__ import annotations
@@ -243,7 +245,8 @@ def run_raw(
     """Like :func:`run_onhost` but returns the raw result, the bytes after the envelope
     (scripts that pass a tool's output through after their answer) and the exit code."""
     python = conn.host.python or "python3"
-    res = conn.run(shell.python(python), stdin=with_request(name, request), timeout=timeout)
+    payload = shell.framed(with_request(name, request))
+    res = conn.run(shell.python(python), stdin=payload, timeout=timeout)
     log.debug("%s: on-host %s answered %d bytes", conn.host.name, name, len(res.stdout_bytes))
     result, body = answer_of(conn.host.name, name, res, python)
     return RawAnswer(result, body, res.exit_code, res.stderr)

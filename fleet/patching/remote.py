@@ -53,6 +53,7 @@ class FetchAnswer(_Answer):
 class ApplyAnswer(_Answer):
     ok: bool
     written: list[str] = Field(default_factory=list)
+    already: list[str] = Field(default_factory=list)  # written by a concurrent run
     conflicts: list[dict[str, Any]] = Field(default_factory=list)
     compile_errors: list[dict[str, str]] = Field(default_factory=list)
     write_error: str | None = None

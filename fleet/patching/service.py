@@ -211,6 +211,8 @@ def apply_host(
         report.backup_dir = result.backup_dir or fetched.backup_dir
         for path in result.written:
             by_path[path].status = "applied"
+        for path in result.already:  # a concurrent run applied the same patch meanwhile
+            by_path[path].status = "already-applied"
         return report
     report.ok = False
     for c in result.conflicts:

@@ -3,7 +3,8 @@
 A profile says what to serve and how (target and drafter, parallel sizes, the speculative
 config, port, budgets, supervisor). Every string in it is a Jinja2 template rendered with
 the host's inventory variables (``{{ models_dir }}/Kimi-K2.5``), so one profile serves a
-fleet whose hosts differ; the rendered profile is then validated (unknown keys refused,
+fleet whose hosts differ (expressions and ``{% if %}`` only, rendered in bounded time and
+size: see ``_check_template``); the rendered profile is then validated (unknown keys refused,
 only the speculative-config keys vLLM accepts). Profiles are found in ``./playbooks/``
 first, then in the installed package. Pure apart from reading the profile file and the
 secrets' env file.
@@ -27,11 +28,32 @@ MAX_PROFILE_BYTES = 256 * 1024
 
 
 class ProfileError(UsageError):
+    """A profile refused (exit 2): its message on one line whatever the profile's keys and
+    values hold (control characters escaped, long messages cut)."""
+
     code = "profile-invalid"
+
+    def __init__(self, message: str, *, hint: str | None = None, code: str | None = None) -> None:
+        text = "".join(
+            c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message
+        )
+        super().__init__(text if len(text) <= 1000 else text[:997] + "...", hint=hint, code=code)
+
+
+# a line break or another control character in a value would start a new line in the
+# launch script, the supervisord program or the systemd unit (ExecStartPre=...)
+_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _one_line(cls, value: Any) -> Any:
+        if isinstance(value, str) and _CONTROL.search(value):
+            raise ValueError("a control character (newline, tab, escape...) is not allowed")
+        return value
 
 
 class SpeculativeConfig(_Model):
@@ -200,6 +222,77 @@ def load_raw(name: str) -> tuple[Path, dict[str, Any]]:
     return path, _raw(path)
 
 
+# A profile value is data with {{ expressions }} (and {% if %}), rendered once per host:
+# names, constants, lookups, ~ and arithmetic, tests and a few filters that never grow a
+# value. No loops, {% set %}, macros or calls (range(), lipsum(), str methods), no text
+# repeated (*) or %-formatted: the rendered size is bounded by the template's and the
+# variables' sizes, and rendering is linear in them.
+MAX_RENDERED = 64 * 1024  # characters of one rendered value
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+FILTERS = _words(
+    "default d lower upper trim title capitalize string int float abs round length first last"
+)
+_NODES = _words(
+    "Template Output TemplateData Const Name Getattr Getitem Slice Filter Test Concat "
+    "CondExpr Compare Operand And Or Not Neg Pos Add Sub Div FloorDiv Mod Mul Pow If "
+    "List Tuple Dict Pair Keyword"
+)
+
+_REFUSED = {
+    "For": "loops",
+    "Call": "calls",
+    "Macro": "macros",
+    "CallBlock": "macros",
+    "Assign": "{% set %} statements",
+    "AssignBlock": "{% set %} statements",
+    "Include": "includes",
+    "Import": "imports",
+    "FromImport": "imports",
+    "Extends": "extends",
+}
+
+
+def _check_template(tree: Any, where: str) -> None:
+    """Refuse what a profile value may not use (iteratively: a deep tree is no problem)."""
+    from jinja2 import nodes
+
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        kind = type(node).__name__
+        if kind not in _NODES:
+            what = _REFUSED.get(kind, f"{kind} nodes")
+            raise ProfileError(f"{where}: {what} are not allowed in a profile value")
+        if isinstance(node, nodes.Filter) and node.name not in FILTERS:
+            raise ProfileError(f"{where}: the filter {node.name!r} is not allowed here")
+        stack.extend(node.iter_child_nodes())
+
+
+@cache
+def _environment() -> Any:
+    from jinja2 import StrictUndefined
+    from jinja2.sandbox import SandboxedEnvironment
+
+    class ProfileEnvironment(SandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**", "%"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            sized = (str, list, tuple, dict)
+            if operator in ("*", "%") and (isinstance(left, sized) or isinstance(right, sized)):
+                raise ValueError(f"{operator!r} on text or lists is not allowed in a profile")
+            ints = isinstance(left, int) and isinstance(right, int)
+            if operator == "**" and ints and max(abs(left), 2).bit_length() * right > 4096:
+                raise ValueError("a power over 4096 bits")
+            return super().call_binop(context, operator, left, right)
+
+    return ProfileEnvironment(undefined=StrictUndefined, autoescape=False)
+
+
 def _render_value(value: Any, context: dict[str, Any], where: str, env: Any) -> Any:
     from jinja2 import TemplateError
 
@@ -207,9 +300,18 @@ def _render_value(value: Any, context: dict[str, Any], where: str, env: Any) -> 
         if "{{" not in value and "{%" not in value:
             return value
         try:
-            return env.from_string(value).render(context)
+            tree = env.parse(value)
+            _check_template(tree, where)
+            out = env.from_string(tree).render(context)
+        except ProfileError:
+            raise
         except TemplateError as exc:
             raise ProfileError(f"{where}: {exc}") from None
+        except Exception as exc:  # OverflowError, RecursionError...: bad input, one line
+            raise ProfileError(f"{where}: {type(exc).__name__}: {exc}"[:500]) from None
+        if len(out) > MAX_RENDERED:
+            raise ProfileError(f"{where}: renders to more than {MAX_RENDERED} characters")
+        return out
     if isinstance(value, dict):
         return {k: _render_value(v, context, f"{where}.{k}", env) for k, v in value.items()}
     if isinstance(value, list):
@@ -219,11 +321,7 @@ def _render_value(value: Any, context: dict[str, Any], where: str, env: Any) -> 
 
 def render(raw: dict[str, Any], context: dict[str, Any], *, label: str = "profile") -> Profile:
     """A raw profile rendered with ``context`` (the host's variables) and validated."""
-    from jinja2 import StrictUndefined
-    from jinja2.sandbox import SandboxedEnvironment
-
-    env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
-    rendered = _render_value(raw, context, label, env)
+    rendered = _render_value(raw, context, label, _environment())
     try:
         return Profile.model_validate(rendered)
     except ValidationError as exc:

@@ -8,7 +8,11 @@ ProxyJump gateways and paramiko's client) with fleet's rules:
 - tenacity retries with backoff for transient faults while connecting (refused, reset,
   timeout, no banner), never for authentication or host-key failures;
 - commands are :class:`~fleet.transport.shell.Command` texts or argv lists (quoted by
-  :mod:`fleet.transport.shell`, the only module that quotes shell text).
+  :mod:`fleet.transport.shell`, the only module that quotes shell text);
+- no remote process outlives the command that started it: stdin is held open while a
+  command runs and the host ends the command's process group at EOF, i.e. when fleet
+  closes the channel (timeout, Ctrl-C, an error) or the connection drops
+  (:func:`~fleet.transport.shell.guarded`, and the on-host runtime's watchdog).
 
 Commands are executed on a paramiko channel directly (rather than through Invoke's runner)
 so that stdin can be sent and closed, both streams are read fully, and output can be
@@ -51,6 +55,11 @@ class ConnectionLost(ConnectError):
 
 
 log = logging.getLogger(__name__)
+# paramiko's transport thread logs each failed handshake (a port that does not speak SSH,
+# a reset) as ERROR records with a traceback, which Python's last-resort handler would
+# print on stderr: fleet reports such a failure as one line per host, and -vv shows
+# paramiko's records (fleet.cli.context.setup_logging).
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -114,7 +123,7 @@ class HostConnection:
             chan.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             if chan is not None:
-                chan.close()
+                _close(chan)
             reason = str(exc) or type(exc).__name__
             raise ConnectionLost(self.host.name, f"connection lost: {reason}") from None
         self.commands_run += 1
@@ -132,11 +141,18 @@ class HostConnection:
         ``timeout`` bounds the whole command; on expiry the channel is closed and
         :class:`OperationFailed` is raised. A dropped connection raises
         :class:`ConnectionLost` (exit 3, naming the host).
+
+        Without ``stdin`` the command runs under :func:`fleet.transport.shell.guarded`
+        and a :class:`~fleet.transport.shell.Held` command gets its payload: in both
+        cases stdin stays open until the command ends, so that when fleet gives up (the
+        timeout, Ctrl-C, an error) the host sees EOF and ends what fleet started.
         """
         cmd = command_text(command)
+        held = isinstance(cmd, shell.Held) or stdin is None
+        sent = cmd if stdin is not None or isinstance(cmd, shell.Held) else shell.guarded(cmd)
         started = time.monotonic()
         deadline = started + timeout if timeout else None
-        chan = self._open_channel(cmd, timeout)
+        chan = self._open_channel(sent, timeout)
         err_chunks: list[bytes] = []
         out_chunks: list[bytes] = []
         failure: list[BaseException] = []
@@ -163,7 +179,7 @@ class HostConnection:
                     # missing interpreter): its exit status says what happened.
                     if not chan.exit_status_ready():
                         raise
-            if not chan.closed:
+            if not chan.closed and not held:
                 chan.shutdown_write()
             while True:
                 if deadline is not None:
@@ -184,7 +200,7 @@ class HostConnection:
             if failure:
                 raise failure[0]
         except TimeoutError:
-            chan.close()
+            _close(chan)
             raise OperationFailed(
                 f"{self.host.name}: command timed out after {timeout:.0f}s: "
                 f"{_short(shell.masked(cmd))}",
@@ -196,7 +212,7 @@ class HostConnection:
                 f"connection lost while running {_short(shell.masked(cmd))}: {exc}",
             ) from None
         finally:
-            chan.close()
+            _close(chan)
         if exit_code == -1:
             # The channel closed without an exit status: the connection dropped.
             raise ConnectionLost(
@@ -241,7 +257,7 @@ class HostConnection:
         """
         cmd = command_text(command)
         log.debug("%s: streaming: %s", self.host.name, shell.masked(cmd)[:500])
-        chan = self._open_channel(cmd, timeout)
+        chan = self._open_channel(shell.guarded(cmd, stdin_open=True), timeout)
         chan.settimeout(timeout)
         try:
             while True:
@@ -262,7 +278,7 @@ class HostConnection:
                 self.host.name, f"connection lost while streaming: {exc}"
             ) from None
         finally:
-            chan.close()
+            _close(chan)
 
     def open_tcp(self, port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> Any:
         """A direct-tcpip channel to ``host:port`` as the host sees it (nothing needs to
@@ -288,6 +304,15 @@ class HostConnection:
                 conn.close()
             except Exception:
                 pass
+
+
+def _close(chan: paramiko.Channel) -> None:
+    """Close a channel; over a connection that already dropped there is nothing to tell
+    (the host sees the connection end, which ends the command: shell.guarded)."""
+    try:
+        chan.close()
+    except (EOFError, OSError, paramiko.SSHException):
+        pass
 
 
 def _short(cmd: str, limit: int = 80) -> str:
@@ -442,10 +467,18 @@ def open_connection(
             code="connect-timeout",
         ) from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise ConnectError(
-            spec.name, f"cannot connect to {where}: {exc or type(exc).__name__}"
-        ) from None
+        reason = _one_line(str(exc) or type(exc).__name__)
+        if "banner" in reason.lower():
+            raise ConnectError(
+                spec.name, f"cannot connect to {where}: no SSH server answered there ({reason})"
+            ) from None
+        raise ConnectError(spec.name, f"cannot connect to {where}: {reason}") from None
     return HostConnection(spec, conn, owned_gateways=_owned_gateways(conn, shared))
+
+
+def _one_line(text: str) -> str:
+    """paramiko's message on one line (``...banner[Errno 104] ...`` gets its space)."""
+    return " ".join(text.replace("banner[", "banner: [").split())
 
 
 def scan_host_key(

@@ -65,12 +65,14 @@ def map_hosts(
             results[outcome.host] = outcome
             if on_done is not None:
                 on_done(outcome)
+        pool.shutdown(wait=True)
     except KeyboardInterrupt:
+        # wherever it lands (even after the last host): the connections are closed (the
+        # hosts end what fleet started) and the run is reported as interrupted
         pool.shutdown(wait=False, cancel_futures=True)
         if on_interrupt is not None:
             on_interrupt()
         raise
-    pool.shutdown(wait=True)
     return [results[h.name] for h in hosts]
 
 

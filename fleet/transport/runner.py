@@ -147,35 +147,41 @@ class LocalRunner:
         stdin: bytes | str | None = None,
         timeout: float | None = None,
     ) -> Result:
+        """As over SSH: without ``stdin`` the command runs under
+        :func:`~fleet.transport.shell.guarded`, and its stdin (or a
+        :class:`~fleet.transport.shell.Held` command's, after the payload) stays open until
+        it ends; on the timeout stdin is closed and the command's process group ended."""
         cmd = command_text(command)
         data = stdin.encode() if isinstance(stdin, str) else stdin
+        held = isinstance(cmd, shell.Held) or data is None
+        sent = cmd if data is not None or isinstance(cmd, shell.Held) else shell.guarded(cmd)
         started = time.monotonic()
         self.commands_run += 1
         self.commands.append(cmd)
-        try:
-            proc = subprocess.run(
-                [self.login_shell, "-c", cmd],
-                input=data if data is not None else b"",
-                capture_output=True,
-                cwd=self.cwd,
-                env=self.env,
-                timeout=timeout,
-                check=False,
-                start_new_session=True,
-            )
-        except subprocess.TimeoutExpired:
+        proc = subprocess.Popen(
+            [self.login_shell, "-c", sent],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.cwd,
+            env=self.env,
+            start_new_session=True,
+        )
+        out, err, timed_out = _exchange(proc, data or b"", hold=held, timeout=timeout)
+        if timed_out:
             raise OperationFailed(
                 f"{self.host.name}: command timed out after {timeout:.0f}s",
                 code="command-timeout",
-            ) from None
+            )
+        code = proc.returncode
         res = Result(
             host=self.host.name,
             command=cmd,
-            exit_code=proc.returncode if proc.returncode >= 0 else 128 - proc.returncode,
-            stdout_bytes=proc.stdout,
-            stderr_bytes=proc.stderr,
+            exit_code=code if code >= 0 else 128 - code,
+            stdout_bytes=out,
+            stderr_bytes=err,
             duration_s=time.monotonic() - started,
-            bytes_received=len(proc.stdout) + len(proc.stderr),
+            bytes_received=len(out) + len(err),
         )
         log_command(self.host.name, cmd, res)
         return res
@@ -203,7 +209,7 @@ class LocalRunner:
         self.commands_run += 1
         self.commands.append(cmd)
         proc = subprocess.Popen(
-            [self.login_shell, "-c", cmd],
+            [self.login_shell, "-c", shell.guarded(cmd, stdin_open=True)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -250,19 +256,109 @@ class LocalRunner:
         return socket.create_connection((host, port), timeout=timeout)
 
 
-def split_lines(chunks: Iterator[bytes]) -> Iterator[str]:
+MAX_LINE_BYTES = 1 << 20  # a longer streamed line is cut here (the rest up to its end dropped)
+
+
+def split_lines(chunks: Iterator[bytes], max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
     """Decoded lines of a byte stream (a last line without a newline included); closing
-    the line iterator closes the stream."""
-    buf = b""
+    the line iterator closes the stream. A line longer than ``max_line`` bytes is cut
+    there, so a stream of a multi-GiB line (NUL bytes) costs bounded memory and time."""
+    pending: list[bytes] = []
+    size = 0
+    cut = False  # the current line was cut: drop bytes up to its newline
     try:
         for data in chunks:
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                yield line.decode("utf-8", errors="replace")
-        if buf:
-            yield buf.decode("utf-8", errors="replace")
+            start = 0
+            while True:
+                end = data.find(b"\n", start)
+                piece = data[start:] if end < 0 else data[start:end]
+                if not cut:
+                    room = max_line - size
+                    if len(piece) > room:
+                        piece, cut = piece[:room], True
+                        pending.append(piece)
+                        yield b"".join(pending).decode("utf-8", errors="replace")
+                        pending, size = [], 0
+                    elif piece:
+                        pending.append(piece)
+                        size += len(piece)
+                if end < 0:
+                    break
+                if not cut:
+                    yield b"".join(pending).decode("utf-8", errors="replace")
+                pending, size, cut = [], 0, False
+                start = end + 1
+        if pending and not cut:
+            yield b"".join(pending).decode("utf-8", errors="replace")
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
+
+
+def _exchange(
+    proc: subprocess.Popen[bytes], data: bytes, *, hold: bool, timeout: float | None
+) -> tuple[bytes, bytes, bool]:
+    """Send ``data`` (then close stdin unless ``hold``), collect both streams, wait.
+
+    Returns (stdout, stderr, timed out). Stdin is closed once the process ends; on the
+    timeout it is closed first (a guarded command ends its process group at EOF), then the
+    process group is sent SIGTERM and, after a grace period, SIGKILL."""
+    import signal
+    import threading
+
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    chunks: dict[int, list[bytes]] = {1: [], 2: []}
+
+    def pump(fd: int, sink: list[bytes]) -> None:
+        while True:
+            block = os.read(fd, 65536)
+            if not block:
+                return
+            sink.append(block)
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        try:
+            if data:
+                proc.stdin.write(data)
+                proc.stdin.flush()
+            if not hold:
+                proc.stdin.close()
+        except (BrokenPipeError, ValueError, OSError):
+            pass  # the command ended before reading all of its input
+
+    threads = [
+        threading.Thread(target=pump, args=(proc.stdout.fileno(), chunks[1]), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr.fileno(), chunks[2]), daemon=True),
+        threading.Thread(target=feed, daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    timed_out = False
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        try:
+            proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+        if timed_out or proc.poll() is None:
+            for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    break
+                try:
+                    proc.wait(grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+    for thread in threads[:2]:
+        thread.join(None if not timed_out else 5.0)
+    threads[2].join(1.0)
+    proc.stdout.close()
+    proc.stderr.close()
+    return b"".join(chunks[1]), b"".join(chunks[2]), timed_out

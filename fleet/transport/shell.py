@@ -142,12 +142,65 @@ def sh(text: str) -> Command:
     return Command("sh -c " + word(text))
 
 
-def python(interpreter: str) -> Command:
-    """``sh -c 'exec PY -'``: the host's interpreter reading a script from stdin.
+class Held(Command):
+    """A command that reads a framed payload from stdin (:func:`framed`) and then watches
+    the rest of stdin: the transport keeps stdin open until the command ends, so its end
+    (EOF) tells the host that fleet is gone (see :func:`python`)."""
+
+    __slots__ = ()
+
+
+# The on-host loader (python -c): sys.path without the working directory before anything
+# is imported, then exactly the framed payload (its length on the first line) is read and
+# run in __main__; ``_fleet_stdin`` stays open for the runtime's watchdog
+# (fleet/onhost/_common.py, watch_fleet).
+_LOADER = Raw(
+    'import sys;sys.path[:]=[p for p in sys.path if p not in ("",".")];'
+    "_fleet_stdin=sys.stdin.buffer;"
+    'exec(compile(_fleet_stdin.read(int(_fleet_stdin.readline())),"<fleet-onhost>","exec"))'
+)
+
+
+def python(interpreter: str) -> Held:
+    """``sh -c 'exec PY -c LOADER'``: the host's interpreter running a script sent on
+    stdin as :func:`framed` bytes, stdin then held open (EOF: fleet is gone).
 
     ``PY`` is quoted, except a leading ``~/``, which is the host's home (as in every
     remote path)."""
-    return sh("exec " + path(interpreter) + " -")
+    return Held(sh("exec " + path(interpreter) + " -c " + word(_LOADER)))
+
+
+def framed(payload: bytes) -> bytes:
+    """``payload`` as the loader of :func:`python` reads it: its length, a newline, itself."""
+    return b"%d\n" % len(payload) + payload
+
+
+# Every command fleet runs without a payload runs under this guard: the command in the
+# background, a ``cat`` watching stdin (which the transport holds open until the command
+# ends). When the command ends it stops the cat; when the cat sees EOF first, fleet is gone
+# (its timeout, Ctrl-C, an error, a lost connection) and the whole process group of the
+# command is sent SIGTERM, so no remote process outlives fleet's command. The command's
+# own stdin is empty (/dev/null, as when fleet sent nothing), or for a stream the held
+# stdin too (a command may wait for its end itself: ``cat >/dev/null; kill ...``).
+_GUARD = (
+    "exec 3<&0 </dev/null; "
+    "cat <&3 >/dev/null 2>&1 & c=$!; "
+    "( {{body}}; r=$?; kill -PIPE $c 2>/dev/null; exit $r ) {{stdin}} & p=$!; "
+    "exec 3<&-; "
+    'wait $c; [ "$?" -lt 128 ] && kill -TERM 0 2>/dev/null; '
+    "wait $p"
+)
+
+
+def guarded(command: Command, *, stdin_open: bool = False) -> Command:
+    """``command`` under the guard above (an ``sh -c`` command; exit status kept);
+    ``stdin_open``: the command reads the held stdin too (streams) instead of /dev/null."""
+    if not isinstance(command, Command):
+        raise TypeError("guarded() takes a Command made by fleet.transport.shell")
+    if isinstance(command, Held):
+        raise TypeError("a Held command watches its own stdin")
+    body = _GUARD.replace("{{stdin}}", "<&3 3<&-" if stdin_open else "3<&-")
+    return sh(body.replace("{{body}}", str(command)))
 
 
 def sequence(*parts: Fragment | Raw) -> Fragment:

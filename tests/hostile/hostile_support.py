@@ -129,6 +129,12 @@ def one_line_error(run: CliRun) -> bool:
     return len(lines) == 1 and lines[0].startswith("fleet: error: ")
 
 
+def usage_error(run: CliRun) -> bool:
+    """click's refusal of an option value (exit 2): its usage lines and one ``Error:``."""
+    lines = run.stderr.strip().splitlines()
+    return sum(line.startswith("Error: ") for line in lines) == 1 and "Traceback" not in run.stderr
+
+
 class Hung(Exception):
     pass
 
@@ -152,3 +158,59 @@ def within(seconds: float, fn: Callable[[], T]) -> T:
     if "error" in box:
         raise box["error"]
     return box["value"]  # type: ignore[no-any-return]
+
+
+# -- processes on sandbox hosts ---------------------------------------------------------
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    return raw[raw.rfind(b")") + 2 :].split()[0].decode()
+
+
+def remote_processes(box: Any) -> dict[str, list[str]]:
+    """Live processes started over SSH on each host of a local-backend sandbox, by host:
+    every process with the host's home as ``HOME`` (zombies are dead: left out)."""
+    if getattr(box.state, "backend", "local") != "local":
+        import pytest
+
+        pytest.skip("the leftover check reads /proc of local sandbox hosts")
+    homes = {f"HOME={h.home}".encode(): h.name for h in box.hosts}
+    found: dict[str, list[str]] = {h.name: [] for h in box.hosts}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        for var in env:
+            if var in homes and _state(int(entry)) not in (None, "Z", "X"):
+                found[homes[var]].append(f"{entry} {cmd[:160]}")
+    return found
+
+
+def leftovers(
+    box: Any, *, settle: float = 5.0, keep: Callable[[str], bool] | None = None
+) -> list[str]:
+    """Processes still running on the sandbox's hosts once ``settle`` seconds have passed
+    (the hosts end a command's process group asynchronously); ``keep`` marks processes
+    that are meant to outlive a command (a server under its supervisor)."""
+    deadline = time.monotonic() + settle
+    while True:
+        left = [
+            f"{host}: {proc}"
+            for host, procs in remote_processes(box).items()
+            for proc in procs
+            if keep is None or not keep(proc)
+        ]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
