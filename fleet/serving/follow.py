@@ -14,6 +14,7 @@ or truncated: the follow restarts at its first byte and says so.
 
 from __future__ import annotations
 
+import re
 import secrets as _secrets
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from fleet.errors import ConnectError
 from fleet.transport import shell
+from fleet.transport.runner import MAX_LINE_BYTES
 from fleet.transport.shell import RemotePath
 
 if TYPE_CHECKING:
@@ -215,18 +217,51 @@ class _Dropped(ConnectError):
     code = "connection-lost"
 
 
-def physical_lines(buffered: bytes) -> tuple[list[str], bytes]:
-    """Complete physical lines of ``buffered`` split on ``\\n`` AND ``\\r`` (tqdm redraws a
-    bar with ``\\r``; CUDA-graph capture is one line of ``\\r``-separated updates), and the
-    incomplete rest."""
-    lines: list[str] = []
-    start = 0
-    for i, byte in enumerate(buffered):
-        if byte in (10, 13):
-            if i > start:
-                lines.append(buffered[start:i].decode("utf-8", errors="replace"))
-            start = i + 1
-    return lines, buffered[start:]
+_BREAK = re.compile(rb"[\r\n]")
+
+
+class PhysicalLines:
+    """Physical lines of a byte stream fed in chunks, split on ``\\n`` AND ``\\r`` (tqdm
+    redraws a bar with ``\\r``; CUDA-graph capture is one line of ``\\r``-separated
+    updates); empty lines are skipped. A line longer than ``max_line`` bytes is cut there
+    and the rest of it dropped, so a log of one endless line costs bounded memory and a
+    chunk costs time linear in its size."""
+
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
+        self.max_line = max_line
+        self._pending: list[bytes] = []
+        self._size = 0
+        self._cut = False  # the current line was cut: drop bytes up to its end
+
+    def feed(self, data: bytes) -> list[str]:
+        out: list[str] = []
+        parts = _BREAK.split(data)
+        for i, part in enumerate(parts):
+            if not self._cut:
+                room = self.max_line - self._size
+                if len(part) > room:
+                    self._pending.append(part[:room])
+                    out.append(self._take())
+                    self._cut = True
+                elif part:
+                    self._pending.append(part)
+                    self._size += len(part)
+            if i == len(parts) - 1:
+                break  # the last part has no line end yet
+            if self._pending and not self._cut:
+                out.append(self._take())
+            self._cut = False
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of the incomplete line held back."""
+        return self._size
+
+    def _take(self) -> str:
+        line = b"".join(self._pending).decode("utf-8", errors="replace")
+        self._pending, self._size = [], 0
+        return line
 
 
 def elapsed_since(started: float) -> float:

@@ -211,7 +211,7 @@ def _follow(
     """Stream the log through the tracker and the engine until ready, a crash, a stall or
     the budget; the outcome and phase go into ``result``."""
     from fleet.diagnosis.engine import Engine
-    from fleet.serving.follow import LogFollower, physical_lines
+    from fleet.serving.follow import LogFollower, PhysicalLines
     from fleet.serving.phases import PhaseTracker
 
     tracker = PhaseTracker(version, clock=time.monotonic)
@@ -223,7 +223,7 @@ def _follow(
     )
     last_bytes = time.monotonic()
     last_progress = tracker.progress
-    buf = b""
+    splitter = PhysicalLines()
     line_no = 0
     fatal: Diagnosis | None = None
     reported = 0.0
@@ -232,7 +232,7 @@ def _follow(
             now = time.monotonic()
             if chunk:
                 last_bytes = now
-                lines, buf = physical_lines(buf + chunk)
+                lines = splitter.feed(chunk)
                 for line in lines:
                     line_no += 1
                     for event in tracker.feed(line):

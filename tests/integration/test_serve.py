@@ -222,7 +222,7 @@ def test_the_secret_is_in_no_command_line_log_or_json(box: Sandbox, host: str) -
 def test_the_follow_survives_five_cuts_without_losing_or_repeating_a_line(
     box: Sandbox, host: str
 ) -> None:
-    from fleet.serving.follow import LogFollower, physical_lines
+    from fleet.serving.follow import LogFollower, PhysicalLines
 
     box.set_sim(host, number_lines=True, load_seconds=25)
     code, hosts, _ = serve(box, "--host", host, "--no-wait")
@@ -248,11 +248,11 @@ def test_the_follow_survives_five_cuts_without_losing_or_repeating_a_line(
         )
         thread = threading.Thread(target=cutter, daemon=True)
         thread.start()
-        buf = b""
+        splitter = PhysicalLines()
         deadline = time.monotonic() + 120
         try:
             for chunk in follower.chunks():
-                lines, buf = physical_lines(buf + chunk)
+                lines = splitter.feed(chunk)
                 for line in lines:
                     if "[seq=" in line:
                         seqs.append(int(line.rsplit("[seq=", 1)[1].split("]", 1)[0]))
