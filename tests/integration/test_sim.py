@@ -92,6 +92,8 @@ def refused(port: int) -> bool:
             sock.connect(("127.0.0.1", port))
         except ConnectionRefusedError:
             return True
+        except ConnectionResetError:  # taken into a listener's queue as it closed: not yet
+            return False
     return False
 
 
