@@ -329,17 +329,18 @@ def render_diagnoses(
         if i > 0 and not live:
             if i == 1:
                 out.print("[dim]also found (ranked):[/]")
-            first = d.evidence[0].line if d.evidence else "?"
+            first = d.evidence[0].line if d.evidence else None
+            where_line = f"[dim]line {first}:[/] " if first else ""
             out.print(
-                f"  [{style}]{d.severity}[/] [bold]{escape(d.id)}[/] "
-                f"[dim]line {first}:[/] {escape(d.summary)}",
+                f"  [{style}]{d.severity}[/] [bold]{escape(d.id)}[/] {where_line}"
+                f"{escape(d.summary)}",
                 soft_wrap=True,
             )
             continue
         body: list[Any] = [Text(d.summary, style="bold")]
         ev = Text()
         for e in d.evidence:
-            ev.append(f"{e.line:>7}  ", style="dim")
+            ev.append(f"{e.line:>7}  " if e.line else " " * 9, style="dim")
             ev.append(e.text[:400] + "\n")
         if d.count > len(d.evidence):
             ev.append(f"         … {d.count - len(d.evidence)} more matching lines\n", style="dim")
@@ -352,7 +353,8 @@ def render_diagnoses(
         out.print(
             Panel(
                 Group(*body),
-                title=f"[{style}]{d.severity}[/] {escape(d.id)} — {escape(d.title)}",
+                title=f"[{style}]{d.severity}[/] {escape(d.id)} — {escape(d.title)} "
+                f"[dim](confidence: {escape(d.confidence)})[/]",
                 subtitle=f"[dim]{label} · {escape(where)}[/]",
                 title_align="left",
                 subtitle_align="right",

@@ -124,16 +124,58 @@ def _model_dir(path: str) -> Dict[str, Any]:
 
 def _bind_free(host: str, port: int) -> Dict[str, Any]:
     """A plain bind() (no SO_REUSEADDR/SO_REUSEPORT): the only test that sees a loading
-    vLLM, which binds its port long before it listens."""
+    vLLM, which binds its port long before it listens. A refusal caused only by TIME_WAIT
+    connections of a server that stopped (vLLM binds with SO_REUSEADDR: they do not stop
+    it) counts as free when no vllm process names the port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.bind((host, port))
         return {"free": True}
     except OSError as exc:
+        states = _tcp_states(port)
+        if (
+            exc.errno == errno.EADDRINUSE
+            and states
+            and set(states) <= {"06"}
+            and not _vllm_on_port(port)
+        ):
+            return {"free": True, "note": "only TIME_WAIT connections on the port"}
         return {"free": False, "errno": exc.errno, "error": os.strerror(exc.errno or 0)}
     finally:
         sock.close()
+
+
+def _tcp_states(port: int) -> List[str]:
+    """The TCP states (hex, /proc/net/tcp) of the sockets whose local port is `port`."""
+    states: List[str] = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh)
+                for line in fh:
+                    fields = line.split()
+                    if len(fields) > 3 and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        states.append(fields[3])
+        except (OSError, ValueError, StopIteration):
+            continue
+    return states
+
+
+def _vllm_on_port(port: int) -> bool:
+    """Is a vllm process (loading: bound but not listening yet) started for `port`?"""
+    wanted = (b"--port\0%d\0" % port, b"--port=%d\0" % port)
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                argv = fh.read(16384) + b"\0"
+        except OSError:
+            continue
+        if b"vllm" in argv.lower() and any(w in argv for w in wanted):
+            return True
+    return False
 
 
 def _holder_of(port: int) -> Optional[str]:

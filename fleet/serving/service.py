@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleet.diagnosis.models import Diagnosis
+from fleet.onhost.runner import Refusal
 from fleet.serving import preflight as pre
 from fleet.serving import readiness, remote
 from fleet.serving.profile import Profile, for_host, read_secrets
@@ -147,9 +148,17 @@ def serve_host(
         result.notes.append(
             "preflight found " + ", ".join(d.id for d in report.diagnoses) + " (--skip-preflight)"
         )
-    launch = remote.launch(
-        conn, profile, home=observed.home, secrets=secrets, restart=options.restart
-    )
+    try:
+        launch = remote.launch(
+            conn, profile, home=observed.home, secrets=secrets, restart=options.restart
+        )
+    except Refusal as exc:
+        if exc.code not in ("host-busy", "already-running"):
+            raise
+        # another fleet serve got there first (the profile's lock on the host)
+        result.code = exc.code
+        result.message = exc.message.removeprefix(f"{host.name}: ")
+        return _done(result, started, emit)
     result.launched = True
     result.pid = launch.pid
     emit("launch", pid=launch.pid, log=launch.log, supervisor=launch.supervisor_source)

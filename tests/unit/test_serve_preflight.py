@@ -129,3 +129,26 @@ def test_the_observations_of_a_real_017_tree_predict_the_eagle3_crash(tmp_path: 
     found = [d.id for d in judge(profile, observed.model_dump(), host="h1").diagnoses]
     assert "eagle3-target-not-allowlisted" in found and "eagle3-unsupported-model" in found
     assert "no-gpu-visible" in found  # this machine has no nvidia-smi
+
+
+def test_the_port_check_sees_a_bound_socket_but_not_time_wait() -> None:
+    """vLLM binds long before it listens: a bound socket is "in use"; the TIME_WAIT
+    connections a stopped server leaves behind are not (vLLM binds with SO_REUSEADDR)."""
+    import socket
+
+    from fleet.onhost.serve import _bind_free
+
+    bound = socket.socket()
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    bound.bind(("127.0.0.1", 0))  # bound, not listening: a loading vLLM
+    port = bound.getsockname()[1]
+    assert _bind_free("127.0.0.1", port)["free"] is False
+    bound.listen()
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = bound.accept()
+    conn.close()  # the server side closes first: its end goes to TIME_WAIT
+    client.close()
+    bound.close()
+    answer = _bind_free("127.0.0.1", port)
+    assert answer["free"] is True and "TIME_WAIT" in answer.get("note", "")
