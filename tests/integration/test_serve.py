@@ -1,5 +1,6 @@
 """``fleet serve``, ``status`` and ``stop`` end to end: real sshd hosts, the real
-supervisord (installed by fleet from the wheel it pushes), the rehearsal vLLM.
+supervisord (installed by fleet from the wheel it pushes; on docker hosts Debian's, see
+test_docker_hosts.py for the image without it), the rehearsal vLLM.
 
 Every scenario runs the real command line against a sandbox host whose vLLM tree is the
 real wheel's (patched with ``fleet patch`` where the scenario needs it) and whose
@@ -22,7 +23,7 @@ from fleet.inventory import load_inventory
 from fleet.sandbox.core import Sandbox
 from fleet.transport import Session
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.docker]  # also in the docker stage
 
 PROFILE = "kimi-eagle3"
 
