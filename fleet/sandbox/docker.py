@@ -13,8 +13,14 @@ id). A build runs only when that label differs, so images are cached between run
 rebuilt when the Dockerfile, a staged input, the base image or the version changes.
 
 Per sandbox, fleet creates one bridge network; per host, one container on it with port 22
-published on ``127.0.0.1:<port>`` only, and copies in a fresh host key, the sandbox's
-client key and ``host.json`` before the first start. Containers and the network are found
+published on ``127.0.0.1:<port>`` only (and the host's ``vllm_port`` on ``127.0.0.1`` at the
+same number, so a served endpoint is reachable from this machine), and copies in a fresh
+host key, the sandbox's client key and ``host.json`` before the first start. The engine
+``scripts/docker-engine.sh`` starts runs without Docker's userland proxy, so a published
+port nothing listens on refuses a connection as a real host's does (with the proxy, it
+accepts and closes). The knobs ``Sandbox.set_sim``/``set_gpu_state``/``gpu_state`` and
+``cut_sessions`` work through ``docker exec`` (files written atomically in the container;
+the per-connection sshd processes killed, never the listener). Containers and the network are found
 again by the ids recorded under the sandbox directory (never by name or label), and
 ``down`` removes them.
 
