@@ -57,9 +57,18 @@ def wheel(requirement: str) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         found = _find(wheels, name, version)
         if proc.returncode != 0 or not found:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise OperationFailed(f"could not download {requirement} with pip: {last}")
+            raise OperationFailed(
+                f"could not download {requirement} with pip: {pip_error(proc.stderr)}"
+            )
         return found
+
+
+def pip_error(stderr: str) -> str:
+    """The line of pip's output that says what went wrong: its last ``ERROR:`` line (not
+    the caret under a requirement, nor the list of versions before it)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line.removeprefix("ERROR:").strip() for line in lines if line.startswith("ERROR:")]
+    return (errors or lines or ["no output"])[-1]
 
 
 def supervisor_wheel() -> Path:

@@ -8,7 +8,7 @@ a unit test instead of a user's run.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -200,34 +200,32 @@ class Fact(BaseModel):
         return self
 
 
-class Benign(BaseModel):
+class _LinePattern(BaseModel):
+    """A regex over log lines and where in vLLM (or which report) the line comes from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: ClassVar[str] = "pattern"
+
+    regex: str
+    source: str
+
+    @field_validator("regex")
+    @classmethod
+    def _valid(cls, value: str) -> str:
+        _compile(value, cls.kind)
+        return value
+
+
+class Benign(_LinePattern):
     """Lines that look like errors but are not a server failure (request-level errors...)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    regex: str
-    source: str
-
-    @field_validator("regex")
-    @classmethod
-    def _valid(cls, value: str) -> str:
-        _compile(value, "benign")
-        return value
+    kind: ClassVar[str] = "benign"
 
 
-class Signal(BaseModel):
+class Signal(_LinePattern):
     """A line that means "not clean" even when no rule explains it (a fatal marker...)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    regex: str
-    source: str
-
-    @field_validator("regex")
-    @classmethod
-    def _valid(cls, value: str) -> str:
-        _compile(value, "signal")
-        return value
+    kind: ClassVar[str] = "signal"
 
 
 class Catalogue(BaseModel):

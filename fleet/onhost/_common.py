@@ -23,12 +23,27 @@ import json
 import os
 import signal
 import sys
+import threading
 import zlib
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 SCHEMA = 1
 BEGIN = "----- fleet answer begin -----"
 END = "----- fleet answer end -----"
+
+
+# CPython 3.11 can fail ``ast.parse`` run from several threads of one process at once
+# ("SystemError: AST constructor recursion depth mismatch"): fleet parses from its fan-out
+# threads, so every parse in fleet goes through this one lock.
+_PARSE = threading.Lock()
+
+
+def parse_python(source: Union[str, bytes], mode: str = "exec") -> Any:
+    """``ast.parse`` of ``source``, one thread at a time (see ``_PARSE``)."""
+    import ast
+
+    with _PARSE:
+        return ast.parse(source, mode=mode)
 
 
 class Refused(Exception):
@@ -74,7 +89,7 @@ def version_from_file(package_dir: str) -> Optional[str]:
 
     try:
         with open(os.path.join(package_dir, "_version.py"), "rb") as fh:
-            tree = ast.parse(fh.read())
+            tree = parse_python(fh.read())
     except (OSError, SyntaxError, ValueError):
         return None
     for node in tree.body:

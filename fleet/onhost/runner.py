@@ -128,7 +128,7 @@ def bundle(name: str) -> Bundle:
         if module in stack:
             raise RuntimeError(f"on-host import cycle: {' -> '.join((*stack, module))}")
         source = _source(module)
-        tree = ast.parse(source)
+        tree = _common.parse_python(source)
         deps = _imports(tree)
         for dep, _a, _b in deps:
             visit(dep, (*stack, module))
@@ -139,7 +139,7 @@ def bundle(name: str) -> Bundle:
     visit(name, ())
     owner: dict[str, str] = {}
     for module in order:
-        for defined in defined_names(ast.parse(texts[module])):
+        for defined in defined_names(_common.parse_python(texts[module])):
             if defined in owner and defined != "__all__":
                 raise RuntimeError(
                     f"on-host bundle {name}: {defined!r} is defined in both "
@@ -260,7 +260,7 @@ def executable(name: str, entry: str, python: str) -> str:
     that case (two lines that are a string to Python and an ``exec`` to sh)."""
     if not python.startswith("/") or any(c in python for c in "\n\r\0"):
         raise ValueError(f"an absolute interpreter path is needed: {python!r}")
-    if entry not in defined_names(ast.parse(_source(name))):
+    if entry not in defined_names(_common.parse_python(_source(name))):
         raise ValueError(f"fleet/onhost/{name}.py defines no {entry!r}")
     if len(python) <= SHEBANG_MAX and not any(c.isspace() for c in python):
         first = f"#!{python}\n"

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 import zipfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from fleet.onhost._common import Refused, find_vllm, hold_on_hangup, vllm_version
 from fleet.onhost.probes import disk_usage, part_gpus
@@ -146,20 +146,26 @@ def _bind_free(host: str, port: int) -> Dict[str, Any]:
         sock.close()
 
 
-def _tcp_states(port: int) -> List[str]:
-    """The TCP states (hex, /proc/net/tcp) of the sockets whose local port is `port`."""
-    states: List[str] = []
+def _tcp_sockets(port: int) -> List[Tuple[str, str]]:
+    """(state in hex, inode) of the TCP sockets whose local port is `port`, from
+    /proc/net/tcp and tcp6 (`sl local rem st tx:rx tr:when retrnsmt uid timeout inode`)."""
+    found: List[Tuple[str, str]] = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as fh:
                 next(fh)
                 for line in fh:
                     fields = line.split()
-                    if len(fields) > 3 and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        states.append(fields[3])
+                    if len(fields) > 9 and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        found.append((fields[3], fields[9]))
         except (OSError, ValueError, StopIteration):
             continue
-    return states
+    return found
+
+
+def _tcp_states(port: int) -> List[str]:
+    """The TCP states (hex) of the sockets whose local port is `port`."""
+    return [state for state, _inode in _tcp_sockets(port)]
 
 
 def _vllm_on_port(port: int) -> bool:
@@ -180,17 +186,7 @@ def _vllm_on_port(port: int) -> bool:
 
 def _holder_of(port: int) -> Optional[str]:
     """Which process has `port` (from /proc/net/tcp* and /proc/*/fd), best effort."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                next(fh)
-                for line in fh:
-                    fields = line.split()
-                    if len(fields) > 9 and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(fields[9])
-        except (OSError, ValueError, StopIteration):
-            continue
+    inodes = {inode for _state, inode in _tcp_sockets(port)}
     if not inodes:
         return None
     for pid in os.listdir("/proc"):

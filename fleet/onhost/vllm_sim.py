@@ -54,6 +54,7 @@ from fleet.onhost.vllm_sim_proc import (
 from fleet.onhost.vllm_sim_src import (
     API_SERVER,
     CORE,
+    ENGINE_CORE_INIT,
     EXECUTOR,
     PROPOSERS,
     RUNNER,
@@ -1369,10 +1370,7 @@ class Sim:
         )
         core = self.src.chain(
             [
-                ((CORE,), "run_engine_core", "engine_core = EngineCoreProc(", "EngineCoreProc"),
-                ("otel-if", CORE, "EngineCoreProc.__init__"),
-                ((CORE,), "EngineCoreProc.__init__", "super().__init__(", None),
-                ("otel-if", CORE, "EngineCore.__init__"),
+                *ENGINE_CORE_INIT,
                 (
                     (CORE,),
                     "EngineCore.__init__",
@@ -1473,10 +1471,7 @@ class Sim:
     def fail_kv(self, needle: str, values: Dict[str, Any], exc: str) -> None:
         core = self.src.chain(
             [
-                ((CORE,), "run_engine_core", "engine_core = EngineCoreProc(", "EngineCoreProc"),
-                ("otel-if", CORE, "EngineCoreProc.__init__"),
-                ((CORE,), "EngineCoreProc.__init__", "super().__init__(", None),
-                ("otel-if", CORE, "EngineCore.__init__"),
+                *ENGINE_CORE_INIT,
                 (
                     (CORE,),
                     "EngineCore.__init__",

@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from fleet.onhost._common import parse_python
+
 CYAN_BOLD = "\033[1;36m"  # vllm/utils/__init__.py (0.10.x)
 CYAN = "\033[0;36m"  # vllm/utils/system_utils.py (0.13+)
 RESET = "\033[0;0m"
@@ -262,7 +264,7 @@ def caret_line(raw: str, callee: Optional[str]) -> Optional[str]:
 
     stripped = raw.strip()
     try:
-        tree = ast.parse(stripped)
+        tree = parse_python(stripped)
     except SyntaxError:
         return None
     best = None

@@ -22,7 +22,6 @@ from fleet.onhost.vllm_tree import (
     find_raise,
     find_string,
     literal_text,
-    log_calls,
     render_string,
     source_file,
 )
@@ -295,32 +294,12 @@ class SimSource:
                 found = find_log_call(self.pkg, list(files), [needle], func=func)
                 if found is not None and found["level"] == "DEBUG":
                     # the same text is often logged at DEBUG and at INFO (parallel_state)
-                    again = self._non_debug(list(files), needle, func)
+                    again = find_log_call(self.pkg, list(files), [needle], skip_debug=True)
                     found = again or found
                 if found is not None:
                     break
             self._msgs[key] = found
         return self._msgs[key]
-
-    def _non_debug(
-        self, files: List[str], needle: str, func: Optional[str]
-    ) -> Optional[Dict[str, Any]]:
-        for rel in files:
-            src = source_file(self.pkg, rel)
-            if src is None:
-                continue
-            for call in log_calls(src):
-                if call["fmt"] and needle in call["fmt"] and call["level"] != "DEBUG":
-                    return {
-                        "file": rel,
-                        "basename": rel.rsplit("/", 1)[-1],
-                        "line": call["line"],
-                        "level": call["level"],
-                        "method": call["method"],
-                        "fmt": call["fmt"],
-                        "func": call["func"],
-                    }
-        return None
 
     def printed(self, key: str) -> bool:
         """Whether this version logs `key` at INFO or above (the default level)."""
@@ -624,14 +603,21 @@ def sim_worker_frames(src: SimSource, step: str) -> List[Frame]:
     return src.chain(specs)
 
 
+# The engine core process's frames from its entry point into `EngineCore.__init__`, the
+# start of every start-up traceback raised in the engine core (chain() specs).
+ENGINE_CORE_INIT: List[Any] = [
+    ((CORE,), "run_engine_core", "engine_core = EngineCoreProc(", "EngineCoreProc"),
+    ("otel-if", CORE, "EngineCoreProc.__init__"),
+    ((CORE,), "EngineCoreProc.__init__", "super().__init__(", None),
+    ("otel-if", CORE, "EngineCore.__init__"),
+]
+
+
 def sim_core_frames(src: SimSource) -> List[Frame]:
     """`run_engine_core` down to `wait_for_ready`'s `raise e from None`."""
     return src.chain(
         [
-            ((CORE,), "run_engine_core", "engine_core = EngineCoreProc(", "EngineCoreProc"),
-            ("otel-if", CORE, "EngineCoreProc.__init__"),
-            ((CORE,), "EngineCoreProc.__init__", "super().__init__(", None),
-            ("otel-if", CORE, "EngineCore.__init__"),
+            *ENGINE_CORE_INIT,
             (
                 (CORE,),
                 "EngineCore.__init__",

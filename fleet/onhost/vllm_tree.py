@@ -9,6 +9,8 @@ import ast
 import os
 from typing import Any, Dict, Iterator, List, Optional
 
+from fleet.onhost._common import parse_python
+
 MODEL_FILES = ("model_executor/models/deepseek_v2.py", "model_executor/models/kimi_k25.py")
 # where the config-time EAGLE-3 allowlist lived across versions (0.10-0.20)
 ALLOWLIST_FILES = ("config/speculative.py", "config/__init__.py", "config.py")
@@ -53,7 +55,7 @@ def _module_classes(body: List[ast.stmt]) -> Iterator[ast.ClassDef]:
 
 def classes_of(source: str) -> Dict[str, Any]:
     """{class name: {"line", "bases", "methods", "attributes"}} of a module's source."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     classes: Dict[str, Any] = {}
     for node in _module_classes(tree.body):
         methods: List[str] = []
@@ -112,7 +114,7 @@ def allowlists(package_dir: str) -> Dict[str, Any]:
             continue
         searched.append(rel)
         with open(full, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read())
+            tree = parse_python(fh.read())
         for node in ast.walk(tree):
             if isinstance(node, ast.Assign):
                 targets = node.targets
@@ -278,7 +280,7 @@ class SourceFile:
         self.path = path
         self.text = text
         self.lines = text.splitlines()
-        self.tree = ast.parse(text)
+        self.tree = parse_python(text)
         self.functions: List[Any] = []  # (qualified name, node)
         self.log_cache: Optional[List[Dict[str, Any]]] = None
         self._walk(self.tree.body, "")
@@ -447,9 +449,11 @@ def find_log_call(
     needles: List[str],
     func: Optional[str] = None,
     exact: bool = False,
+    skip_debug: bool = False,
 ) -> Optional[Dict[str, Any]]:
     """The first logger call (in the order of `files`, then by line) whose format string
-    contains one of `needles` (equals one, with `exact`), optionally inside `func`.
+    contains one of `needles` (equals one, with `exact`), optionally inside `func`, and
+    not at DEBUG level with `skip_debug`.
     {"file", "basename", "line", "level", "method", "fmt", "func"}."""
     for rel in files:
         src = source_file(package_dir, rel)
@@ -460,6 +464,8 @@ def find_log_call(
             for call in calls:
                 fmt = call["fmt"]
                 if fmt is None or not _func_matches(call["func"], func):
+                    continue
+                if skip_debug and call["level"] == "DEBUG":
                     continue
                 if (fmt == needle) if exact else (needle in fmt):
                     return {

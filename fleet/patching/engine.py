@@ -29,8 +29,15 @@ from typing import Any, Literal
 import jinja2
 
 from fleet.errors import UsageError
+from fleet.onhost._common import parse_python
 from fleet.patching.manifest import Edit, FileSpec, PatchSet
 from fleet.patching.versions import Version, VersionRange
+
+
+def _literal_eval(text: str) -> Any:
+    """``ast.literal_eval`` through fleet's one parse lock (see ``parse_python``)."""
+    return ast.literal_eval(parse_python(text.lstrip(" \t"), mode="eval"))
+
 
 Status = Literal[
     "would-apply",
@@ -182,7 +189,7 @@ class _Render:
             autoescape=False,
         )
         env.filters["csv"] = _csv
-        env.filters["literal_eval"] = ast.literal_eval
+        env.filters["literal_eval"] = _literal_eval
         env.filters["pyrepr"] = repr
         env.filters["pystr"] = json.dumps
         self.env = env
@@ -219,7 +226,8 @@ def _line_starts(text: str) -> list[int]:
 
 @lru_cache(maxsize=32)
 def _parse(text: str) -> ast.Module:
-    return ast.parse(text)
+    tree: ast.Module = parse_python(text)
+    return tree
 
 
 def _find_scope(tree: ast.Module, dotted: str) -> tuple[ast.AST | None, ast.AST | None, str]:
@@ -367,17 +375,9 @@ def plan_host(patch_set: PatchSet, vllm_version: str, texts: Mapping[str, str | 
     try:
         version = Version(vllm_version)
     except ValueError:
-        for spec in manifest.files:
-            reason = f"cannot parse the vLLM version {vllm_version!r}"
-            plan.files.append(
-                FilePlan(
-                    spec.path,
-                    "conflict",
-                    texts.get(spec.path),
-                    conflict=Conflict(spec.path, reason),
-                )
-            )
-        return plan
+        return _every_file_conflicts(
+            plan, texts, f"cannot parse the vLLM version {vllm_version!r}", files=manifest.files
+        )
 
     if manifest.upstream_since and version in VersionRange(f">={manifest.upstream_since}"):
         note = f"vLLM {vllm_version} has this upstream (since {manifest.upstream_since})"
@@ -389,16 +389,7 @@ def plan_host(patch_set: PatchSet, vllm_version: str, texts: Mapping[str, str | 
             f"vLLM {vllm_version} is outside the versions this patch set supports "
             f"({manifest.versions})"
         )
-        for spec in manifest.files:
-            plan.files.append(
-                FilePlan(
-                    spec.path,
-                    "conflict",
-                    texts.get(spec.path),
-                    conflict=Conflict(spec.path, reason),
-                )
-            )
-        return plan
+        return _every_file_conflicts(plan, texts, reason, files=manifest.files)
 
     facts, fact_conflicts = _facts(patch_set, texts)
     plan.facts = facts
@@ -411,6 +402,19 @@ def plan_host(patch_set: PatchSet, vllm_version: str, texts: Mapping[str, str | 
             )
             continue
         plan.files.append(plan_file(patch_set, spec, text, vllm_version, context))
+    return plan
+
+
+def _every_file_conflicts(
+    plan: HostPlan, texts: Mapping[str, str | None], reason: str, *, files: list[FileSpec]
+) -> HostPlan:
+    """The plan with every file of the patch set in conflict for one reason."""
+    for spec in files:
+        plan.files.append(
+            FilePlan(
+                spec.path, "conflict", texts.get(spec.path), conflict=Conflict(spec.path, reason)
+            )
+        )
     return plan
 
 
@@ -494,7 +498,7 @@ def plan_file(
     pieces.append(text[pos:])
     new = "".join(pieces)
     try:
-        ast.parse(new)
+        parse_python(new)
     except SyntaxError as exc:
         return FilePlan(
             path,

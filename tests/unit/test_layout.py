@@ -199,6 +199,25 @@ def test_only_the_onhost_runner_sends_python_to_a_host() -> None:
     assert shipped and outside == []
 
 
+def test_python_is_parsed_only_through_the_one_parse_lock() -> None:
+    """CPython 3.11 fails ``ast.parse`` run by several threads at once (SystemError: AST
+    constructor recursion depth mismatch), and fleet parses from its fan-out and sandbox
+    build threads: every parse goes through ``fleet.onhost._common.parse_python``."""
+    offenders = []
+    for path, tree in _py_files(skip=("onhost/_common.py",)):
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("parse", "literal_eval")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "ast"
+                and not (node.args and isinstance(node.args[0], ast.Call))
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
 def _logs(tree: ast.Module) -> bool:
     """Does the module call ``log.<level>(...)`` or ``logging.<level>(...)``?"""
     for node in ast.walk(tree):

@@ -1,0 +1,153 @@
+"""fleet serve on sandbox hosts: the figures of its README section (not a test).
+
+    .venv/bin/python benchmarks/bench_serve.py [--hosts 8] [--load-seconds 30]
+
+1. time from ``fleet serve`` to the refusal in preflight, on N unpatched vLLM 0.17.0 hosts;
+2. the memory of fleet (max RSS of the process) while it follows N loads to ready;
+3. scenario x outcome x diagnosis id x wall time, one host per scenario;
+4. the follow under cut SSH sessions: cuts, lines, duplicates, losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fleet.sandbox.core import Sandbox  # noqa: E402
+
+SCENARIOS: list[tuple[str, dict[str, object], tuple[str, ...]]] = [
+    ("ready (patched)", {}, ()),
+    ("unpatched, preflight", {}, ("--unpatched",)),
+    ("unpatched, --skip-preflight", {}, ("--unpatched", "--skip-preflight")),
+    ("OOM while loading", {"fault": "oom"}, ()),
+    ("NCCL error", {"fault": "nccl"}, ()),
+    ("port in use (skip preflight)", {"fault": "port-in-use"}, ("--skip-preflight",)),
+    ("stall (--stall-timeout 5)", {"fault": "stall", "load_seconds": 60}, ("--stall-timeout", "5")),
+    ("slow load (--timeout 10)", {"slow_factor": 30.0}, ("--timeout", "10")),
+    ("crash after ready", {"fault": "crash-after-ready", "crash_after_s": 0.2}, ()),
+    ("truncated line", {"fault": "truncated-line"}, ()),
+]
+
+
+def fleet(box: Sandbox, *args: str, timeout: float = 600) -> tuple[int, dict, float, int]:
+    """(exit code, --json doc, wall seconds, max RSS KiB of the fleet process)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [*box.fleet_argv(), "--json", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=box.fleet_env(),
+    )
+    out, err = proc.communicate(timeout=timeout)
+    wall = time.monotonic() - started
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        doc = {"error": err[-500:]}
+    return proc.returncode, doc, wall, rss
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hosts", type=int, default=8)
+    parser.add_argument("--load-seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-serve-") as tmp:
+        box = Sandbox.up(Path(tmp) / "sb", hosts=args.hosts, versions=["0.17.0"],
+                         load_seconds=args.load_seconds)  # fmt: skip
+        try:
+            return _run(box, args)
+        finally:
+            box.down(purge=True)
+
+
+def _run(box: Sandbox, args: argparse.Namespace) -> int:
+    n = len(box.hosts)
+    code, doc, wall, _ = fleet(box, "serve", "kimi-eagle3", "--host", "all")
+    refused = sum(1 for h in doc.get("hosts", {}).values() if h.get("outcome") == "refused")
+    print(f"1. preflight refusal on {n} unpatched 0.17.0 hosts: {wall:.2f} s "
+          f"(exit {code}, {refused}/{n} refused)")  # fmt: skip
+    assert fleet(box, "patch", "--host", "all")[0] == 0
+    code, doc, wall, rss = fleet(box, "serve", "kimi-eagle3", "--host", "all")
+    ready = sum(1 for h in doc.get("hosts", {}).values() if h.get("outcome") == "ready")
+    print(f"2. following {n} loads of {args.load_seconds:.0f} s to ready: {wall:.1f} s, "
+          f"{ready}/{n} ready; fleet's max RSS {rss / 1024:.0f} MiB")  # fmt: skip
+    fleet(box, "stop", "kimi-eagle3", "--host", "all")
+
+    print("\n3. | scenario | outcome | diagnosis | wall time |")
+    print("   |---|---|---|---|")
+    host = box.hosts[0].name
+    for title, knobs, extra in SCENARIOS:
+        box.set_sim(host, load_seconds=3.0, **knobs)  # type: ignore[arg-type]
+        flags = [a for a in extra if a not in ("--unpatched",)]
+        if "--unpatched" in extra:
+            fleet(box, "patch", "--host", host, "--revert")
+        code, doc, wall, _ = fleet(box, "serve", "kimi-eagle3", "--host", host, *flags)
+        entry = doc.get("hosts", {}).get(host, {})
+        ids = [d["id"] for d in entry.get("diagnoses") or []]
+        print(f"   | {title} | {entry.get('outcome')} (exit {code}) | "
+              f"{ids[0] if ids else '-'} | {wall:.1f} s |")  # fmt: skip
+        fleet(box, "stop", "kimi-eagle3", "--host", host)
+        if "--unpatched" in extra:
+            fleet(box, "patch", "--host", host)
+    box.set_sim(host)
+
+    print("\n4.", _cuts(box, host))
+    return 0
+
+
+def _cuts(box: Sandbox, host: str) -> str:
+    from fleet.inventory import load_inventory
+    from fleet.serving.follow import LogFollower, physical_lines
+    from fleet.transport import Session
+
+    box.set_sim(host, number_lines=True, load_seconds=30)
+    _code, doc, _, _ = fleet(box, "serve", "kimi-eagle3", "--host", host, "--no-wait")
+    pid = doc["hosts"][host]["pid"]
+    inventory = load_inventory(box.inventory_path)
+    cuts = 0
+    done = threading.Event()
+
+    def cutter() -> None:
+        nonlocal cuts
+        rng = random.Random(11)
+        while not done.is_set() and cuts < 10:
+            time.sleep(rng.uniform(0.5, 3.0))
+            cuts += box.cut_sessions(host) > 0
+
+    seqs: list[int] = []
+    with Session(inventory) as session:
+        follower = LogFollower(session, inventory.hosts[host], "~/.fleet/run/kimi-eagle3/vllm.log",
+                               pid=pid, tick=0.5)  # fmt: skip
+        thread = threading.Thread(target=cutter, daemon=True)
+        thread.start()
+        buf = b""
+        for chunk in follower.chunks():
+            lines, buf = physical_lines(buf + chunk)
+            seqs += [int(x.rsplit("[seq=", 1)[1].split("]", 1)[0]) for x in lines if "[seq=" in x]
+            if any("Application startup complete." in x for x in lines):
+                break
+        done.set()
+    fleet(box, "stop", "kimi-eagle3", "--host", host)
+    box.set_sim(host)
+    dups = len(seqs) - len(set(seqs))
+    lost = (max(seqs) - len(set(seqs))) if seqs else 0
+    return (f"follow with cut sessions: {cuts} cuts, {follower.stats.reconnects} reconnects, "
+            f"{len(seqs)} numbered lines, {dups} duplicates, {lost} lost")  # fmt: skip
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
