@@ -22,7 +22,7 @@ follow (``tail -F``) ends as soon as fleet closes the connection.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -424,7 +424,7 @@ def follow_resumable(
     lines: int = 10,
     catalogue: CompiledCatalogue | None = None,
     tick: float = 1.0,
-) -> Iterator[tuple[int, str, list[Diagnosis]]]:
+) -> Generator[tuple[int, str, list[Diagnosis]], None, None]:
     """:func:`follow` that survives a dropped connection or a restarted host: the last
     ``lines`` lines of one snapshot (and its ``#fleet`` header), then the bytes after that
     snapshot through :class:`fleet.serving.follow.LogFollower`, which reconnects (with
