@@ -124,7 +124,7 @@ start_engine() {
   # The socket's group is ours, so a non-root caller with sudo can use it.
   as_root dockerd \
       --data-root "$DATA_ROOT" --exec-root "$EXEC_ROOT" \
-      -H "unix://$SOCKET" --pidfile "$PIDFILE" --group "$(id -gn)" \
+      -H "unix://$SOCKET" --pidfile "$PIDFILE" --group "$(id -gn)" --userland-proxy=false \
       </dev/null >"$LOG" 2>&1 9>&- &
   local launcher=$!
   waited=0

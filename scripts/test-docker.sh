@@ -31,7 +31,7 @@ set +e
   exit "${PIPESTATUS[0]}" ) 3>&1
 rc=$?
 set -e
-reason=$(grep '^docker-engine: ' "$engine_log" | tail -n 1 | sed 's/^docker-engine: //')
+reason=$({ grep '^docker-engine: ' "$engine_log" || true; } | tail -n 1 | sed 's/^docker-engine: //')
 rm -f "$engine_log"
 if [ "$rc" = 2 ]; then
   owned=0  # nothing was started

@@ -273,13 +273,13 @@ def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> 
 def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -> int:
     from fleet.cli.render import terminal_safe
     from fleet.diagnosis.engine import exit_code as diag_exit
-    from fleet.diagnosis.remote import follow
+    from fleet.diagnosis.remote import follow_resumable
 
     session = app.session()
-    conn = session.connect(host)
     found: list[Diagnosis] = []
     try:
-        for n, raw, fresh in follow(conn, path, lines=lines):
+        # resumed after a dropped connection or a restarted host, from the next byte
+        for n, raw, fresh in follow_resumable(session, host, path, lines=lines):
             text = redact_text(raw)
             if not app.json_output:
                 sys.stdout.write((text if app.raw else terminal_safe(text)) + "\n")

@@ -22,7 +22,7 @@ follow (``tail -F``) ends as soon as fleet closes the connection.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,8 @@ from fleet.transport import shell
 from fleet.transport.shell import Raw, RemotePath
 
 if TYPE_CHECKING:
+    from fleet.inventory import HostSpec
+    from fleet.serving.follow import Connects
     from fleet.transport import Runner
 
 WINDOW = 3
@@ -435,6 +437,48 @@ def follow(
         raise OperationFailed(
             f"{conn.host.name}: cannot read {path}", hint="check the profile name or --path"
         )
+
+
+def follow_resumable(
+    session: Connects,
+    host: HostSpec,
+    path: str,
+    *,
+    lines: int = 10,
+    catalogue: CompiledCatalogue | None = None,
+    tick: float = 1.0,
+) -> Generator[tuple[int, str, list[Diagnosis]], None, None]:
+    """:func:`follow` that survives a dropped connection or a restarted host: the last
+    ``lines`` lines of one snapshot (and its ``#fleet`` header), then the bytes after that
+    snapshot through :class:`fleet.serving.follow.LogFollower`, which reconnects (with
+    backoff) and asks for the byte after the last one it received -- no line is lost,
+    repeated or renumbered across a reconnect."""
+    from fleet.serving.follow import LogFollower
+    from fleet.transport.runner import split_lines
+
+    conn = session.connect(host)
+    res = conn.run(tail_command(path, lines), timeout=120.0)
+    if res.exit_code in (EXIT_NO_FILE, EXIT_NOT_REGULAR) or not res.ok:
+        msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "tail failed"
+        raise OperationFailed(
+            f"{host.name}: {msg}", hint="check the profile name or --path", code="log-not-found"
+        )
+    header = Header()
+    first = res.stdout_bytes.split(b"\n", 1)[0].decode("utf-8", errors="replace")
+    if not parse_header(first, header):
+        raise OperationFailed(f"{host.name}: cannot read {path}: no header from the host")
+    follower = LogFollower(session, host, path, offset=header.size, tick=tick)
+
+    def chunks() -> Iterator[bytes]:
+        # one byte stream, as the single remote command of `follow` gives: a last line of
+        # the snapshot without its newline yet is joined with the rest that follows
+        yield res.stdout_bytes
+        try:
+            yield from follower.chunks()
+        finally:
+            follower.close()
+
+    yield from follow_lines(split_lines(chunks()), host=host.name, catalogue=catalogue)
 
 
 def follow_lines(

@@ -483,12 +483,26 @@ class Sandbox:
         self._write_host_file(name, "gpu-state.json", json.dumps(doc, indent=2) + "\n")
 
     def gpu_state(self, name: str) -> dict[str, Any]:
-        path = Path(self.host(name).home) / ".fleet-sandbox" / "gpu-state.json"
+        text = self._read_host_file(name, "gpu-state.json")
         try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
+            doc = json.loads(text) if text is not None else {}
+        except ValueError:
             return {}
         return doc if isinstance(doc, dict) else {}
+
+    def _read_host_file(self, name: str, filename: str) -> str | None:
+        """``~/.fleet-sandbox/<filename>`` of host ``name``, or None. A backend whose homes
+        are not local files offers ``read_home_file(host, relpath)``."""
+        host = self.host(name)
+        relpath = f".fleet-sandbox/{filename}"
+        reader = getattr(self.backend(), "read_home_file", None)
+        if reader is not None:
+            found = reader(host, relpath)
+            return found if isinstance(found, str) else None
+        try:
+            return (Path(host.home) / relpath).read_text()
+        except OSError:
+            return None
 
     def _write_host_file(self, name: str, filename: str, text: str) -> None:
         """Write ``~/.fleet-sandbox/<filename>`` on host ``name`` (atomically). A backend

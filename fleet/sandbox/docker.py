@@ -13,8 +13,14 @@ id). A build runs only when that label differs, so images are cached between run
 rebuilt when the Dockerfile, a staged input, the base image or the version changes.
 
 Per sandbox, fleet creates one bridge network; per host, one container on it with port 22
-published on ``127.0.0.1:<port>`` only, and copies in a fresh host key, the sandbox's
-client key and ``host.json`` before the first start. Containers and the network are found
+published on ``127.0.0.1:<port>`` only (and the host's ``vllm_port`` on ``127.0.0.1`` at the
+same number, so a served endpoint is reachable from this machine), and copies in a fresh
+host key, the sandbox's client key and ``host.json`` before the first start. The engine
+``scripts/docker-engine.sh`` starts runs without Docker's userland proxy, so a published
+port nothing listens on refuses a connection as a real host's does (with the proxy, it
+accepts and closes). The knobs ``Sandbox.set_sim``/``set_gpu_state``/``gpu_state`` and
+``cut_sessions`` work through ``docker exec`` (files written atomically in the container;
+the per-connection sshd processes killed, never the listener). Containers and the network are found
 again by the ids recorded under the sandbox directory (never by name or label), and
 ``down`` removes them.
 
@@ -58,6 +64,23 @@ TARGET_WITH_SUPERVISOR = "host"
 TARGET_WITHOUT_SUPERVISOR = "host-without-supervisor"
 CONTEXT_FILES = ("Dockerfile", "sshd_config", "init.sh")
 
+# Run inside a container (docker exec, constant text; the path is "$1"): stdin to a
+# temporary file beside the target, then a rename.
+_WRITE_FILE = (
+    'set -e; d=$(dirname -- "$1"); mkdir -p -- "$d"; t="$1.tmp.$$"; '
+    'trap \'rm -f -- "$t"\' EXIT; cat > "$t"; mv -f -- "$t" "$1"; trap - EXIT'
+)
+# Run inside a container: SIGKILL every sshd process below the listener (its pid file),
+# never the listener; prints the pids it signalled.
+_CUT_SESSIONS = (
+    "set -e; l=$(cat /run/sshd.pid); "
+    'ps -e -o pid= -o ppid= -o comm= | awk -v l="$l" \''
+    "{ parent[$1] = $2; comm[$1] = $3 } "
+    'END { for (p in parent) { if (p == l || comm[p] != "sshd") continue; '
+    'q = parent[p]; while (q != "" && q > 1) { if (q == l) { print p; break } '
+    "q = parent[q] } } }' "
+    '| while read -r p; do kill -KILL "$p" 2>/dev/null && echo "$p"; done; true'
+)
 # Images checked (or built) by this process: tag -> image id.
 _READY: dict[str, str] = {}
 _READY_LOCK = threading.Lock()
@@ -130,15 +153,16 @@ def _flock(path: Path) -> Iterator[None]:
 
 
 def stage_serve_files(overlay: Path, version: str) -> None:
-    """MERGE POINT (serve issue): files copied onto ``/`` of every host image.
+    """Files copied onto ``/`` of every host image (the serve issue's merge point): the
+    rehearsal vLLM as ``root/ml-env/bin/vllm`` (run by the image's ``/root/ml-env/bin/python``)
+    and the checkpoints it serves under ``root/models/`` -- what a local host gets in its
+    home (``fleet.sandbox.local.stage_rehearsal_files``). Everything under ``overlay`` is
+    part of the image's input hash, so a change to the simulator rebuilds the images."""
+    from fleet.sandbox.local import stage_rehearsal_files
 
-    Put here, relative to ``/``, the simulated ``vllm`` executable as
-    ``root/ml-env/bin/vllm`` and the model directories it serves as
-    ``root/models/<name>/``. Everything under ``overlay`` is part of the image's input
-    hash. Until the serve issue lands, nothing is staged.
-    """
+    del version  # the same files for every version (the simulator reads the installed tree)
     overlay.mkdir(parents=True, exist_ok=True)
-    del version
+    stage_rehearsal_files(overlay, home=HOME, python=PYTHON)
 
 
 def stage_context(context: Path, tree: Path, version: str | None = None) -> Path:
@@ -345,6 +369,7 @@ class DockerBackend:
             host.name,
             "-p",
             f"{host.address}:{port}:22",
+            *_vllm_publish(host),
             "--label",
             f"{SANDBOX_LABEL}={self.root}",
             self._image(host),
@@ -473,6 +498,57 @@ class DockerBackend:
         _docker("restart", "-t", str(STOP_SECONDS), cid, timeout=120)
         self._wait_ready(host, cid, mark)
 
+    # -- files in the host's home and its sessions ------------------------------------------
+    def _home_path(self, relpath: str) -> str:
+        parts = relpath.split("/")
+        if relpath.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise UsageError(f"not a path inside the host's home: {relpath!r}")
+        return f"{HOME}/{relpath}"
+
+    def write_home_file(self, host: model.SandboxHost, relpath: str, text: str) -> None:
+        """Write ``~/<relpath>`` on the host, atomically (a temporary file and a rename
+        inside the container, so its processes never read half a file)."""
+        cid = self.container(host)
+        if not cid:
+            raise OperationFailed(f"{host.name}: no container (is the sandbox up?)")
+        path = self._home_path(relpath)
+        if not self.running(host):
+            with tempfile.TemporaryDirectory(prefix="fleet-docker-") as tmp:
+                local = Path(tmp) / "file"
+                local.write_text(text, encoding="utf-8")
+                _docker("cp", str(local), f"{cid}:{path}", timeout=60)
+            return
+        proc = subprocess.run(
+            ["docker", "exec", "-i", cid, "sh", "-c", _WRITE_FILE, "sh", path],
+            input=text.encode("utf-8"),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        if proc.returncode != 0:
+            why = proc.stderr.decode("utf-8", "replace").strip() or f"exit {proc.returncode}"
+            raise OperationFailed(f"{host.name}: cannot write {path}: {why.splitlines()[-1]}")
+
+    def read_home_file(self, host: model.SandboxHost, relpath: str) -> str | None:
+        """``~/<relpath>`` on the host, or None if it does not exist."""
+        cid = self.container(host)
+        if not cid or not self.running(host):
+            return None
+        proc = _docker("exec", cid, "cat", self._home_path(relpath), check=False, timeout=60)
+        return proc.stdout if proc.returncode == 0 else None
+
+    def cut_sessions(self, host: model.SandboxHost) -> int:
+        """SIGKILL the host's live SSH sessions (the per-connection sshd processes below the
+        listener, inside the container), as a network cut would end them; the listener
+        stays, so clients can reconnect. Returns how many processes were cut."""
+        cid = self.container(host)
+        if not cid or not self.running(host):
+            return 0
+        proc = _docker("exec", cid, "sh", "-c", _CUT_SESSIONS, check=False, timeout=60)
+        if proc.returncode != 0:
+            raise OperationFailed(f"{host.name}: cannot cut sessions: {_last_line(proc)}")
+        return len(proc.stdout.split())
+
     # -- logs -----------------------------------------------------------------------------
     def _log_path(self, cid: str) -> str | None:
         if cid not in _LOG_PATHS:
@@ -545,6 +621,15 @@ class DockerBackend:
         """Remove ``host``'s container (if still recorded) and its files."""
         self._remove_container(host)
         shutil.rmtree(self.host_dir(host.name), ignore_errors=True)
+
+
+def _vllm_publish(host: model.SandboxHost) -> list[str]:
+    """``-p`` for the host's vLLM port (the inventory's ``vllm_port``), on 127.0.0.1 at the
+    same number: the endpoint fleet reports is reachable from this machine, as on a local
+    host (the server inside listens on that port, as the serve profile says)."""
+    if not host.vllm_port:
+        return []
+    return ["-p", f"{host.address}:{host.vllm_port}:{host.vllm_port}"]
 
 
 def _network_name(network: str) -> str:

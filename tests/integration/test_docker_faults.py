@@ -7,12 +7,16 @@ the docker stage (``-m docker``) and in the local run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -180,3 +184,109 @@ def test_command_that_exits_before_reading_its_input_reports_its_exit_code(
             assert res.exit_code == 127, res.stderr
             assert "/nonexistent/bin/python3" in res.stderr
         assert conn.run(["echo", "still connected"], timeout=30).stdout == "still connected\n"
+
+
+def _json_lines(proc: subprocess.Popen[str]) -> queue.Queue[dict[str, Any]]:
+    """The JSON objects a running ``fleet --json ...`` prints, one per line, as they come."""
+    out: queue.Queue[dict[str, Any]] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with contextlib.suppress(ValueError):
+                out.put(json.loads(line))
+
+    threading.Thread(target=read, daemon=True).start()
+    return out
+
+
+def _take(out: queue.Queue[dict[str, Any]], count: int, timeout: float) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        try:
+            got.append(out.get(timeout=max(0.1, deadline - time.monotonic())))
+        except queue.Empty:
+            break
+    return got
+
+
+@pytest.mark.sandbox(hosts=1, vllm=("0.17.0",))
+def test_logs_follow_resumes_after_the_host_restarts(sandbox: Sandbox) -> None:
+    """``docker restart`` (local: every process of the host stopped, sshd started again)
+    while ``fleet logs --follow`` streams: the follow reconnects and goes on from the byte
+    after the last one it printed -- no line lost, none repeated, the numbering intact."""
+    name = sandbox.hosts[0].name
+    sandbox.on_host(name, 'for i in 1 2 3; do echo "line $i"; done > ~/app.log')
+    argv = [*sandbox.fleet_argv(), "--json", "logs", "--host", name, "--path", "~/app.log"]
+    proc = subprocess.Popen(
+        [*argv, "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=sandbox.fleet_env(),
+    )
+    try:
+        out = _json_lines(proc)
+        got = _take(out, 3, 60)
+        sandbox.on_host(name, "echo 'line 4' >> ~/app.log")
+        got += _take(out, 1, 30)
+        sandbox.restart_host(name)
+        # written after the restart, one of them before the follow can have reconnected
+        sandbox.on_host(name, 'for i in 5 6 7; do echo "line $i"; done >> ~/app.log')
+        got += _take(out, 3, 120)
+        assert [(d["line"], d["text"]) for d in got] == [(i, f"line {i}") for i in range(1, 8)]
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""  # still following
+        assert _take(out, 1, 3) == []  # and nothing repeated afterwards
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.sandbox(hosts=1, vllm=("0.18.0",))
+def test_serve_follow_resumes_after_the_host_restarts_and_reports_the_lost_server(
+    sandbox: Sandbox,
+) -> None:
+    """A host restarted while ``fleet serve`` follows the weight load: the follow
+    reconnects, resumes at the next byte, sees that the server is gone (a restart ends
+    every process) and reports a crash in the phase it had reached -- not a lost
+    connection, not a wait for the stall budget."""
+    name = sandbox.hosts[0].name
+    log = "~/.fleet/run/kimi-eagle3/vllm.log"
+    sandbox.set_sim(name, number_lines=True, load_seconds=60)
+    proc = subprocess.Popen(
+        [*sandbox.fleet_argv(), "--json", "serve", "kimi-eagle3", "--host", name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=sandbox.fleet_env(),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        probe = f"grep -c 'Loading safetensors checkpoint shards' {log} 2>/dev/null || true"
+        while sandbox.on_host(name, probe).stdout.strip() in ("", "0"):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.3)
+        sandbox.restart_host(name)
+        restarted = time.monotonic()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    result = json.loads(out)["hosts"][name]
+    assert proc.returncode == 1 and result["outcome"] == "crashed", (result, err)
+    assert result["phase"] == "weights", result
+    # what the log says depends on how the host ended it (docker: SIGKILL with the
+    # container; local: SIGTERM first): some diagnosis, and the crash named in the message
+    assert result["diagnoses"] and result["message"].startswith("crashed in weights"), result
+    assert result["follow"]["reconnects"] >= 1, result["follow"]
+    # every byte of the log on the host, once: none lost or repeated across the reconnect
+    size = sandbox.on_host(name, f"wc -c < {log}").stdout.strip()
+    assert result["follow"]["bytes"] == int(size), (result["follow"], size)
+    assert time.monotonic() - restarted < 60  # seen at once, not after the stall budget
+    sandbox.set_sim(name)

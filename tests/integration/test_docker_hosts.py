@@ -264,3 +264,51 @@ def test_images_are_cached_and_rebuilt_when_an_input_changes(
     assert back != changed
     assert engine("run", "--rm", tag, "test", "-e", "/root/marker.txt").returncode == 1
     assert engine("image", "inspect", changed).returncode != 0  # the replaced image is gone
+
+
+def test_serve_installs_fleets_own_supervisord_where_the_host_has_none(tmp_path: Path) -> None:
+    """Two hosts, one from the image without Debian's supervisor package: ``fleet serve``
+    runs Debian's supervisord where it is installed and, on the other, creates its own
+    from the supervisor wheel it pushes (nothing downloaded on the host)."""
+    from fleet.wheels import SUPERVISOR
+
+    pushed = SUPERVISOR.partition("==")[2]
+    box = Sandbox.up(
+        tmp_path / "box", hosts=2, versions=["0.17.0"], load_seconds=2, no_supervisor=["sandbox-02"]
+    )
+    try:
+        debian, bare = (h.name for h in box.hosts)
+        assert ssh(box, bare, "command -v supervisord").returncode != 0
+        patched = box.run_fleet("patch", "--host", "all", timeout=300)
+        assert patched.returncode == 0, patched.stdout + patched.stderr
+        proc = box.run_fleet("--json", "serve", "kimi-eagle3", "--host", "all", timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        served = json.loads(proc.stdout)["hosts"]
+        assert {served[n]["outcome"] for n in (debian, bare)} == {"ready"}, served
+        state = "cat ~/.fleet/run/kimi-eagle3/state.json"
+        ps = 'ps -o args= -p "$(cat ~/.fleet/supervisor/supervisord.pid)"'
+        # no supervisord on the host: fleet's own virtualenv with the wheel it pushed
+        assert json.loads(ssh(box, bare, state).stdout)["supervisor"] == "fleet"
+        own = ssh(
+            box,
+            bare,
+            "~/.fleet/supervisor/venv/bin/python -c "
+            "'import importlib.metadata as m; print(m.version(\"supervisor\"))'; " + ps,
+        )
+        assert own.returncode == 0, own.stderr
+        version, args = own.stdout.splitlines()[:2]
+        assert version == pushed
+        assert "/root/.fleet/supervisor/venv/bin/python -m supervisor.supervisord" in args
+        assert ssh(box, bare, "command -v supervisord").returncode != 0  # nothing installed
+        # Debian's supervisord on the other, run with fleet's own configuration
+        assert json.loads(ssh(box, debian, state).stdout)["supervisor"] == "host"
+        theirs = ssh(box, debian, ps + "; test -e ~/.fleet/supervisor/venv || echo no-venv")
+        assert theirs.returncode == 0, theirs.stderr
+        assert theirs.stdout.splitlines()[0].endswith(
+            "/usr/bin/supervisord -c /root/.fleet/supervisor/supervisord.conf"
+        ), theirs.stdout
+        assert theirs.stdout.splitlines()[1] == "no-venv"
+        stopped = box.run_fleet("--json", "stop", "kimi-eagle3", "--host", "all", timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    finally:
+        box.down(purge=True)

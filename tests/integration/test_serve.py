@@ -1,5 +1,6 @@
 """``fleet serve``, ``status`` and ``stop`` end to end: real sshd hosts, the real
-supervisord (installed by fleet from the wheel it pushes), the rehearsal vLLM.
+supervisord (installed by fleet from the wheel it pushes; on docker hosts Debian's, see
+test_docker_hosts.py for the image without it), the rehearsal vLLM.
 
 Every scenario runs the real command line against a sandbox host whose vLLM tree is the
 real wheel's (patched with ``fleet patch`` where the scenario needs it) and whose
@@ -23,6 +24,10 @@ from fleet.sandbox.core import Sandbox
 from fleet.transport import Session
 
 pytestmark = pytest.mark.integration
+# In the docker stage too (@pytest.mark.docker): the end-to-end path, one crash, the
+# server outliving the session, the secret, the follow across cut sessions. The other
+# faults are the rehearsal vLLM's and the follower's logic, the same on either backend,
+# and stay in the local run only (the whole run must stay under 25 minutes on 2 cores).
 
 PROFILE = "kimi-eagle3"
 
@@ -60,6 +65,7 @@ def host(box: Sandbox) -> Any:
     box.set_sim(name)
 
 
+@pytest.mark.docker
 def test_ready_with_the_acceptance_rate(box: Sandbox, host: str) -> None:
     box.set_sim(host, acceptance_rate=0.7)
     code, hosts, _err = serve(box, "--host", host)
@@ -84,7 +90,7 @@ def test_ready_with_the_acceptance_rate(box: Sandbox, host: str) -> None:
 @pytest.mark.parametrize(
     ("knobs", "args", "outcome", "diagnosis"),
     [
-        ({"fault": "oom"}, (), "crashed", "cuda-oom"),
+        pytest.param({"fault": "oom"}, (), "crashed", "cuda-oom", marks=pytest.mark.docker),
         ({"fault": "nccl"}, (), "crashed", "nccl-error"),
         ({"fault": "port-in-use"}, ("--skip-preflight",), "crashed", "port-in-use"),
         (
@@ -158,6 +164,7 @@ def test_preflight_refuses_in_seconds_what_would_crash_after_the_load(box: Sandb
         stop_all(box)
 
 
+@pytest.mark.docker
 def test_the_server_outlives_the_session_and_stop_is_idempotent(box: Sandbox, host: str) -> None:
     code, hosts, _ = serve(box, "--host", host, "--no-wait")
     assert code == 0
@@ -198,6 +205,7 @@ def test_two_concurrent_serves_launch_once(box: Sandbox, host: str) -> None:
     assert count == "1", count
 
 
+@pytest.mark.docker
 def test_the_secret_is_in_no_command_line_log_or_json(box: Sandbox, host: str) -> None:
     secret = "sk-" + secrets.token_hex(16)
     env_file = box.dir / "secret-test.env"
@@ -219,6 +227,7 @@ def test_the_secret_is_in_no_command_line_log_or_json(box: Sandbox, host: str) -
         box.set_host_var(host, "secrets_env", None)
 
 
+@pytest.mark.docker
 def test_the_follow_survives_five_cuts_without_losing_or_repeating_a_line(
     box: Sandbox, host: str
 ) -> None:

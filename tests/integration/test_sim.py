@@ -27,7 +27,7 @@ from fleet.inventory import load_inventory
 from fleet.sandbox.core import Sandbox
 from fleet.transport import HostConnection, Session, shell
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.docker]  # also in the docker stage
 
 # A constant template: every value is quoted by shell.script (paths with the ~/ rule).
 START = (
@@ -92,6 +92,8 @@ def refused(port: int) -> bool:
             sock.connect(("127.0.0.1", port))
         except ConnectionRefusedError:
             return True
+        except ConnectionResetError:  # taken into a listener's queue as it closed: not yet
+            return False
     return False
 
 

@@ -14,7 +14,9 @@ import shutil
 import stat
 import subprocess
 import time
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -270,3 +272,95 @@ def test_special_files_are_refused_at_once(kind: str, tmp_path: Path) -> None:
             call()
         assert info.value.code == "log-not-found"
     assert time.monotonic() - started < 10
+
+
+class _DroppingRunner(LocalRunner):
+    """This machine as a host whose connection drops: every follow stream it opens breaks
+    (``ConnectionLost``) after its first ``keep`` chunks, until ``drops`` have happened."""
+
+    def __init__(self, drops: list[int], keep: int) -> None:
+        super().__init__(HostSpec(name="local", python="python3"))
+        self.drops = drops
+        self.keep = keep
+
+    def stream_bytes(
+        self,
+        command: Any,
+        *,
+        timeout: float | None = None,
+        tick: bool = False,
+    ) -> Generator[bytes, None, None]:
+        from fleet.transport import ConnectionLost
+
+        inner = super().stream_bytes(command, timeout=timeout, tick=tick)
+        seen = 0
+        try:
+            for data in inner:
+                yield data
+                seen += 1 if data else 0
+                if self.drops and seen >= self.keep:
+                    self.drops.pop()
+                    raise ConnectionLost("local", "the connection was lost (test)")
+        finally:
+            inner.close()
+
+
+class _Session:
+    def __init__(self, runner: LocalRunner) -> None:
+        self.runner = runner
+        self.reconnects = 0
+
+    def connect(self, host: HostSpec) -> LocalRunner:
+        return self.runner
+
+    def reconnect(self, host: HostSpec) -> LocalRunner:
+        self.reconnects += 1
+        return self.runner
+
+
+def test_resumable_follow_loses_and_repeats_nothing_across_dropped_connections(
+    tmp_path: Path,
+) -> None:
+    """The snapshot's last lines (its last one still without a newline), then the bytes
+    after the snapshot, through three dropped connections while the log grows: every
+    line once, numbered as in the file, the unfinished line joined with its end."""
+    import threading
+
+    log = tmp_path / "f.log"
+    log.write_text("".join(f"l{n}\n" for n in range(1, 11)) + "l11-start")
+    session = _Session(_DroppingRunner(drops=[1, 1, 1], keep=1))
+    host = session.runner.host
+
+    def grow() -> None:
+        with open(log, "a") as fh:
+            fh.write("-end\n")
+            for n in range(12, 40):
+                fh.write(f"l{n}\n")
+                fh.flush()
+                time.sleep(0.02)
+
+    got: list[tuple[int, str]] = []
+    writer = threading.Thread(target=grow)
+    follow = R.follow_resumable(session, host, str(log), lines=3, tick=0.2)
+    try:
+        for n, text, _fresh in follow:
+            got.append((n, text))
+            if n == 9:
+                writer.start()
+            if n == 39:
+                break
+    finally:
+        follow.close()
+        writer.join()
+    assert got == [(9, "l9"), (10, "l10"), (11, "l11-start-end")] + [
+        (n, f"l{n}") for n in range(12, 40)
+    ]
+    assert session.reconnects == 3
+
+
+def test_resumable_follow_of_an_unreadable_file_fails() -> None:
+    from fleet.errors import OperationFailed
+
+    session = _Session(LocalConnection())
+    with pytest.raises(OperationFailed, match="cannot read"):
+        list(R.follow_resumable(session, session.runner.host, "/no/such/x.log"))

@@ -51,7 +51,16 @@ def test_staged_context_holds_everything_the_dockerfile_copies(tmp_path: Path) -
     from fleet.onhost import nvidia_smi
 
     assert (context / "nvidia_smi.py").read_bytes() == Path(nvidia_smi.__file__).read_bytes()
-    assert (context / "overlay").is_dir()  # the serve issue's merge point
+    # the rehearsal vLLM run by the image's env python, and the checkpoints it serves
+    vllm = context / "overlay" / "root" / "ml-env" / "bin" / "vllm"
+    assert vllm.read_text().startswith(f"#!{docker.PYTHON}\n") and vllm.stat().st_mode & 0o111
+    models = context / "overlay" / "root" / "models"
+    assert sorted(p.name for p in models.iterdir()) == [
+        "Kimi-K2-Instruct",
+        "Kimi-K2.5",
+        "Kimi-K25-eagle3",
+        "mismatched-eagle3",
+    ]
 
 
 def test_nothing_is_pulled_every_from_is_the_local_base_or_a_stage() -> None:
@@ -113,7 +122,10 @@ def test_image_key_changes_with_every_input(tmp_path: Path) -> None:
         lambda c: (c / "Dockerfile").write_text((c / "Dockerfile").read_text() + "\n"),
         lambda c: (c / "vllm-tree" / "vllm" / "__init__.py").write_text("# edited\n"),
         lambda c: (c / "init.sh").chmod(0o700),
-        lambda c: (c / "overlay" / "root").mkdir(),
+        lambda c: (c / "overlay" / "etc").mkdir(),
+        lambda c: (c / "overlay" / "root" / "models" / "Kimi-K2.5" / "config.json").write_text(
+            "{}"
+        ),
     ]
     for n, change in enumerate(changes):
         ctx = docker.stage_context(tmp_path / f"c{n}", tree, "0.17.0")
@@ -145,3 +157,11 @@ def test_no_supervisor_names_must_be_hosts(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no such host"):
         Sandbox.up(tmp_path / "box", hosts=2, no_supervisor=["sandbox-09"])
     assert not (tmp_path / "box" / "sandbox.json").exists()
+
+
+def test_home_files_stay_inside_the_home(tmp_path: Path) -> None:
+    backend = docker.DockerBackend(tmp_path, "root")
+    assert backend._home_path(".fleet-sandbox/sim.json") == "/root/.fleet-sandbox/sim.json"
+    for bad in ("/etc/passwd", "../etc/passwd", ".fleet-sandbox/../../x", "a//b", ""):
+        with pytest.raises(UsageError, match="not a path inside the host's home"):
+            backend._home_path(bad)
