@@ -347,7 +347,9 @@ def executable(name: str, entry: str, python: str) -> str:
     that case (two lines that are a string to Python and an ``exec`` to sh)."""
     if not python.startswith("/") or any(c in python for c in "\n\r\0"):
         raise ValueError(f"an absolute interpreter path is needed: {python!r}")
-    if entry not in defined_names(ast.parse(_source(name))):
+    with _BUNDLE_LOCK:  # ast.parse in concurrent threads can fail on CPython 3.11
+        defines = defined_names(ast.parse(_source(name)))
+    if entry not in defines:
         raise ValueError(f"fleet/onhost/{name}.py defines no {entry!r}")
     if len(python) <= SHEBANG_MAX and not any(c.isspace() for c in python):
         first = f"#!{python}\n"
