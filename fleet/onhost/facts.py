@@ -6,8 +6,6 @@
 # try/except: a failing part is reported as {"error": "..."} and never breaks the others.
 # The pure parsers in fleet/facts/parsers.py turn the parts into fleet.facts.HostFacts.
 import os
-import platform
-import socket
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
@@ -16,6 +14,7 @@ from fleet.onhost.probes import disk_usage, part_gpus, part_supervisors
 from fleet.onhost.vllm_tree import DerivedCache, allowlists, file_digests, model_classes
 
 MAX_CMDLINE = 8192
+IMPLEMENTATIONS = {"cpython": "CPython", "pypy": "PyPy", "ironpython": "IronPython"}
 
 
 def _err(exc: BaseException) -> str:
@@ -24,13 +23,14 @@ def _err(exc: BaseException) -> str:
 
 def part_host() -> Dict[str, Any]:
     # (no getfqdn: a reverse DNS lookup can hang on hosts with broken resolvers)
-    return {"hostname": socket.gethostname()}
+    return {"hostname": os.uname().nodename}  # gethostname() without importing socket
 
 
 def part_python() -> Dict[str, Any]:
     return {
-        "version": platform.python_version(),
-        "implementation": platform.python_implementation(),
+        # platform.python_version() and python_implementation(), without importing it
+        "version": sys.version.split()[0],
+        "implementation": IMPLEMENTATIONS.get(sys.implementation.name, sys.implementation.name),
         "executable": sys.executable,
         "prefix": sys.prefix,
     }

@@ -6,7 +6,6 @@
 # inspect, serve's preflight and the simulated vLLM. Python 3.8+, standard library only,
 # never imports vLLM.
 import ast
-import hashlib
 import json
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -155,6 +154,8 @@ def file_classes(path: str) -> Dict[str, Any]:
 
 def file_digest(path: str) -> Dict[str, Any]:
     """{"sha256", "size"} of a file's bytes."""
+    import hashlib  # only when a file is hashed (not on a cache hit)
+
     digest = hashlib.sha256()
     size = 0
     with open(path, "rb") as fh:

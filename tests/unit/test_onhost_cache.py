@@ -181,3 +181,50 @@ def test_version_from_dist_info_without_importlib_metadata(
     assert _common.vllm_version(None) == ("0.17.0", "metadata")
     monkeypatch.setattr(sys, "path", [str(tmp_path / "missing")])
     assert _common._dist_info_version("vllm") is None
+
+
+def _run_loader(home: Path) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-"],
+        input=runner.with_request("facts", {"op": "facts"}),
+        capture_output=True,
+        env={**os.environ, "HOME": str(home)},
+        cwd=home,
+        check=True,
+    )
+
+
+def test_the_hosts_keep_the_bundles_byte_code_and_distrust_a_foreign_file(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    first = _run_loader(home)
+    codes = list((home / ".cache" / "fleet-onhost").glob("code-*.bin"))
+    assert len(codes) == 1 and codes[0].stat().st_mode & 0o777 == 0o600
+    assert runner.split_answer(first.stdout)[0] is not None
+    # a damaged file is compiled again (and replaced)
+    codes[0].write_bytes(b"not marshal data")
+    assert runner.split_answer(_run_loader(home).stdout)[0] is not None
+    assert codes[0].read_bytes() != b"not marshal data"
+    # a file others may write is never loaded: a planted code object does not run
+    import marshal
+
+    codes[0].write_bytes(marshal.dumps(compile("print('PLANTED')", "x", "exec")))
+    codes[0].chmod(0o666)
+    third = _run_loader(home)
+    assert b"PLANTED" not in third.stdout and runner.split_answer(third.stdout)[0] is not None
+
+
+def test_run_captured_is_subprocess_run_without_subprocess() -> None:
+    from fleet.onhost.probes import run_captured
+
+    assert run_captured(["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], 5) == (
+        3,
+        b"out\n",
+        b"err\n",
+    )
+    assert run_captured(["/bin/sh", "-c", "sleep 5"], 0.2) is None
+    assert run_captured(["/bin/sh", "-c", "exec >&- 2>&-; sleep 5"], 0.2) is None
+    code, _out, _err = run_captured(["/bin/sh", "-c", "kill -9 $$"], 5) or (0, b"", b"")
+    assert code == -9
