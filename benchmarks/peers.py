@@ -469,6 +469,9 @@ class Tools:
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("FLEET_INVENTORY", None)
+        # a user's shell: Python writes its byte-code caches (some CI shells turn that off,
+        # which would make every tool compile its sources on every run)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PATH"] = f"{self.peers}{os.pathsep}{env.get('PATH', '')}"
         env["COLUMNS"] = "200"
         env["NO_COLOR"] = "1"
