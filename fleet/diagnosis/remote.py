@@ -94,9 +94,9 @@ _HEADER_TAIL = (
     'total=$(head -c "$size" -- "$f" | wc -l); '
     # a last line still being written (no newline yet) is a line for tail too
     'if [ "$size" -gt 0 ] && [ -n "$(tail -c +"$size" -- "$f" | head -c 1)" ]; '
-    "then total=$((total + 1)); fi; "
+    "then total=$((total + 1)); open=1; else open=0; fi; "
     "offset=$((total > {{tail}} ? total - {{tail}} : 0)); "
-    'echo "#fleet size=$size offset=$offset"'
+    'echo "#fleet size=$size offset=$offset open=$open"'
 )
 
 
@@ -204,6 +204,7 @@ class Header:
     size: int = 0
     offset: int = 0
     dropped: int = 0
+    open: int = 0  # 1: the snapshot's last line had no newline yet (still being written)
 
 
 def parse_header(line: str, header: Header) -> bool:
@@ -468,11 +469,14 @@ def follow_resumable(
     if not parse_header(first, header):
         raise OperationFailed(f"{host.name}: cannot read {path}: no header from the host")
     follower = LogFollower(session, host, path, offset=header.size, tick=tick)
+    snapshot = res.stdout_bytes
+    if header.open and snapshot.endswith(b"\n"):
+        snapshot = snapshot[:-1]  # the newline is cut's, not the file's
 
     def chunks() -> Iterator[bytes]:
         # one byte stream, as the single remote command of `follow` gives: a last line of
         # the snapshot without its newline yet is joined with the rest that follows
-        yield res.stdout_bytes
+        yield snapshot
         try:
             yield from follower.chunks()
         finally:

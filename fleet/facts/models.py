@@ -58,6 +58,14 @@ class Eagle3Allowlist(BaseModel):
     kimi: bool = False
 
 
+class VllmFile(BaseModel):
+    """A file of the installed vLLM that the EAGLE-3 judgement reads."""
+
+    sha256: str | None = None
+    size: int | None = None
+    missing: bool = False
+
+
 class VllmFacts(BaseModel):
     installed: bool = False
     version: str | None = None
@@ -69,6 +77,11 @@ class VllmFacts(BaseModel):
     )
     eagle3_classes: dict[str, Eagle3ClassInfo] = Field(default_factory=dict)
     eagle3_allowlist: Eagle3Allowlist | None = None
+    files: dict[str, VllmFile] = Field(
+        default_factory=dict,
+        description="Relative path -> sha256 and size (deepseek_v2.py, kimi_k25.py, the "
+        "allowlist's file), as the host hashed them.",
+    )
 
 
 class Supervisors(BaseModel):

@@ -31,6 +31,7 @@ from fleet.facts.models import (
     HostFacts,
     Supervisors,
     VllmFacts,
+    VllmFile,
     VllmServer,
 )
 from fleet.onhost import vllm_tree
@@ -124,6 +125,9 @@ def parse_facts(doc: dict[str, Any]) -> HostFacts:
     models = value("models")
     allowlist = value("allowlist")
     facts.vllm = _guarded(errors, "vllm", lambda: parse_vllm(vllm, models, allowlist), VllmFacts())
+    digests = value("files")
+    if facts.vllm.installed and isinstance(digests, dict):
+        facts.vllm.files = _guarded(errors, "files", lambda: parse_files(digests, errors), {})
     for rel, entry in _dict(_dict(models).get("files")).items():
         if isinstance(entry, dict) and "error" in entry:
             errors[f"models:{_error_text(rel)[:200]}"] = _error_text(entry["error"])
@@ -180,6 +184,27 @@ def parse_vllm(vllm: Any, models: Any, allowlist: Any) -> VllmFacts:
                 out.eagle3_classes[cls] = info
     if isinstance(allowlist, dict):
         out.eagle3_allowlist = parse_allowlist(allowlist)
+    return out
+
+
+def parse_files(raw: dict[str, Any], errors: dict[str, str]) -> dict[str, VllmFile]:
+    """{relpath: {"sha256", "size"} | {"missing": true} | {"error"}} -> VllmFile per path
+    (an error lands in ``errors`` as ``files:<path>``)."""
+    out: dict[str, VllmFile] = {}
+    for rel, entry in raw.items():
+        name = _error_text(rel)[:200]
+        if not isinstance(entry, dict):
+            continue
+        if "error" in entry:
+            errors[f"files:{name}"] = _error_text(entry["error"])
+            continue
+        if entry.get("missing") is True:
+            out[name] = VllmFile(missing=True)
+            continue
+        sha = _str(entry.get("sha256"), 64)
+        if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha)):
+            sha = None
+        out[name] = VllmFile(sha256=sha, size=_int(entry.get("size")))
     return out
 
 

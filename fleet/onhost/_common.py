@@ -105,8 +105,43 @@ def version_from_file(package_dir: str) -> Optional[str]:
     return None
 
 
+def _dist_info_version(name: str) -> Optional[str]:
+    """The version in the first ``NAME-*.dist-info/METADATA`` of sys.path (the working
+    directory excluded), as importlib.metadata finds it for a plain installed wheel, without
+    importing importlib.metadata (a third of a small script's start-up). None when not
+    found that way (egg-info, zips, custom finders: the caller asks importlib.metadata)."""
+    prefix = name.lower() + "-"
+    for entry in installed_path():
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for item in sorted(names):
+            low = item.lower()
+            if not (low.startswith(prefix) and low.endswith(".dist-info")):
+                continue
+            if low[len(prefix) : -len(".dist-info")].count("-"):
+                continue  # another project whose name starts with NAME-
+            try:
+                with open(os.path.join(entry, item, "METADATA"), "rb") as fh:
+                    head = fh.read(65536).decode("utf-8", "replace")
+            except OSError:
+                return None
+            for line in head.splitlines():
+                if not line.strip():
+                    break  # end of the headers
+                key, _, value = line.partition(":")
+                if key.strip().lower() == "version" and value.strip():
+                    return value.strip()
+            return None
+    return None
+
+
 def vllm_version(package_dir: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
     """(version, source): the installed distribution's metadata, else _version.py."""
+    version = _dist_info_version("vllm")
+    if version:
+        return version, "metadata"
     saved = sys.path[:]
     sys.path[:] = installed_path()
     try:

@@ -6,16 +6,15 @@
 # try/except: a failing part is reported as {"error": "..."} and never breaks the others.
 # The pure parsers in fleet/facts/parsers.py turn the parts into fleet.facts.HostFacts.
 import os
-import platform
-import socket
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from fleet.onhost._common import find_vllm, vllm_version
 from fleet.onhost.probes import disk_usage, part_gpus, part_supervisors
-from fleet.onhost.vllm_tree import allowlists, model_classes
+from fleet.onhost.vllm_tree import DerivedCache, allowlists, file_digests, model_classes
 
 MAX_CMDLINE = 8192
+IMPLEMENTATIONS = {"cpython": "CPython", "pypy": "PyPy", "ironpython": "IronPython"}
 
 
 def _err(exc: BaseException) -> str:
@@ -24,13 +23,14 @@ def _err(exc: BaseException) -> str:
 
 def part_host() -> Dict[str, Any]:
     # (no getfqdn: a reverse DNS lookup can hang on hosts with broken resolvers)
-    return {"hostname": socket.gethostname()}
+    return {"hostname": os.uname().nodename}  # gethostname() without importing socket
 
 
 def part_python() -> Dict[str, Any]:
     return {
-        "version": platform.python_version(),
-        "implementation": platform.python_implementation(),
+        # platform.python_version() and python_implementation(), without importing it
+        "version": sys.version.split()[0],
+        "implementation": IMPLEMENTATIONS.get(sys.implementation.name, sys.implementation.name),
         "executable": sys.executable,
         "prefix": sys.prefix,
     }
@@ -93,15 +93,32 @@ def _part(func: Callable[..., Any], *args: Any) -> Dict[str, Any]:
         return {"error": _err(exc)}
 
 
+def derived_cache(request: Dict[str, Any]) -> Optional[DerivedCache]:
+    """The host's cache of what is derived from vLLM's files (see vllm_tree.DerivedCache),
+    keyed by this bundle's digest; None when not run as a bundle or the request says
+    {"cache": false}."""
+    code = globals().get("__fleet_bundle__")
+    if not isinstance(code, str) or not code or request.get("cache") is False:
+        return None
+    try:
+        return DerivedCache(code)
+    except Exception:
+        return None
+
+
 def op_facts(request: Dict[str, Any]) -> Dict[str, Any]:
     parts: Dict[str, Dict[str, Any]] = {}
+    cache = derived_cache(request)
     parts["host"] = _part(part_host)
     parts["python"] = _part(part_python)
     parts["vllm"] = _part(part_vllm)
     vllm_path = (parts["vllm"].get("value") or {}).get("path")
     if vllm_path:
-        parts["models"] = _part(model_classes, vllm_path)
-        parts["allowlist"] = _part(allowlists, vllm_path)
+        parts["models"] = _part(model_classes, vllm_path, cache)
+        parts["allowlist"] = _part(allowlists, vllm_path, cache)
+        parts["files"] = _part(file_digests, vllm_path, cache)
+        if cache is not None:
+            cache.save()
     parts["gpus"] = _part(part_gpus)
     parts["supervisors"] = _part(part_supervisors)
     parts["processes"] = _part(part_processes)

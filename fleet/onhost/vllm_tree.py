@@ -6,8 +6,9 @@
 # inspect, serve's preflight and the simulated vLLM. Python 3.8+, standard library only,
 # never imports vLLM.
 import ast
+import json
 import os
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from fleet.onhost._common import parse_python
 
@@ -76,7 +77,97 @@ def classes_of(source: str) -> Dict[str, Any]:
     return classes
 
 
-def model_classes(package_dir: str) -> Dict[str, Any]:
+# -- what is derived from a file, kept on the host ---------------------------------------
+#
+# Parsing deepseek_v2.py, kimi_k25.py and config/speculative.py (and hashing them) is most
+# of what `fleet inspect` costs a host, and the files change only when vLLM is upgraded
+# or patched. DerivedCache keeps each derived value in ~/.cache/fleet-onhost/derived.json
+# keyed by the code that derived it (the bundle's digest) and the file's real path, size,
+# mtime, ctime and inode: any write (an atomic rename makes a new inode) derives it again.
+# The file is JSON (never code), mode 0600 in a 0700 directory, replaced atomically.
+CACHE_DIR = os.path.join("~", ".cache", "fleet-onhost")
+CACHE_FILE = "derived.json"
+CACHE_ENTRIES = 64  # kept (the newest); a host has a handful of vLLM environments
+
+
+class DerivedCache:
+    def __init__(self, code: str, directory: Optional[str] = None) -> None:
+        self.code = code
+        self.directory = os.path.expanduser(directory or CACHE_DIR)
+        self.path = os.path.join(self.directory, CACHE_FILE)
+        self.entries: Dict[str, Any] = {}
+        self.dirty = False
+        self.hits = 0
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+            if isinstance(doc, dict) and isinstance(doc.get("entries"), dict):
+                self.entries = doc["entries"]
+        except (OSError, ValueError):
+            pass
+
+    def derive(self, kind: str, path: str, func: Callable[[str], Any]) -> Any:
+        """func(path), or what it gave for this very file before."""
+        st = os.stat(path)
+        key = kind + ":" + os.path.realpath(path)
+        stamp = [self.code, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        entry = self.entries.get(key)
+        if isinstance(entry, dict) and entry.get("stamp") == stamp and "value" in entry:
+            self.hits += 1
+            return entry["value"]
+        value = func(path)
+        self.entries.pop(key, None)  # re-inserted last: the newest
+        self.entries[key] = {"stamp": stamp, "value": value}
+        self.dirty = True
+        return value
+
+    def save(self) -> None:
+        if not self.dirty:
+            return
+        keys = list(self.entries)[-CACHE_ENTRIES:]
+        doc = {"entries": {k: self.entries[k] for k in keys}}
+        tmp = self.path + "." + str(os.getpid()) + ".tmp"
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh)
+            os.replace(tmp, self.path)
+            self.dirty = False
+        except OSError:  # no room or read-only home: the next run derives again
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _derive(cache: Optional[DerivedCache], kind: str, path: str, func: Callable[[str], Any]) -> Any:
+    return cache.derive(kind, path, func) if cache is not None else func(path)
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def file_classes(path: str) -> Dict[str, Any]:
+    return classes_of(_read_text(path))
+
+
+def file_digest(path: str) -> Dict[str, Any]:
+    """{"sha256", "size"} of a file's bytes."""
+    import hashlib  # only when a file is hashed (not on a cache hit)
+
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return {"sha256": digest.hexdigest(), "size": size}
+
+
+def model_classes(package_dir: str, cache: Optional[DerivedCache] = None) -> Dict[str, Any]:
     """{"files": {relpath: {"classes": ...} | {"missing": true} | {"error": ...}}}."""
     files: Dict[str, Any] = {}
     for rel in MODEL_FILES:
@@ -85,11 +176,27 @@ def model_classes(package_dir: str) -> Dict[str, Any]:
             files[rel] = {"missing": True}
             continue
         try:
-            with open(full, encoding="utf-8") as fh:
-                files[rel] = {"classes": classes_of(fh.read())}
+            files[rel] = {"classes": _derive(cache, "classes", full, file_classes)}
         except Exception as exc:
             files[rel] = {"error": type(exc).__name__ + ": " + str(exc)}
     return {"files": files}
+
+
+def file_digests(package_dir: str, cache: Optional[DerivedCache] = None) -> Dict[str, Any]:
+    """{relpath: {"sha256", "size"} | {"missing": true} | {"error": ...}} of the files
+    the EAGLE-3 judgement reads (the model files and the allowlist's)."""
+    out: Dict[str, Any] = {}
+    for rel in MODEL_FILES + ALLOWLIST_FILES:
+        full = os.path.join(package_dir, rel)
+        if not os.path.isfile(full):
+            if rel in MODEL_FILES:
+                out[rel] = {"missing": True}
+            continue
+        try:
+            out[rel] = _derive(cache, "sha256", full, file_digest)
+        except Exception as exc:
+            out[rel] = {"error": type(exc).__name__ + ": " + str(exc)}
+    return out
 
 
 def _string_list(node: Optional[ast.expr]) -> Optional[List[str]]:
@@ -103,7 +210,25 @@ def _string_list(node: Optional[ast.expr]) -> Optional[List[str]]:
     return None
 
 
-def allowlists(package_dir: str) -> Dict[str, Any]:
+def file_allowlists(path: str) -> List[Dict[str, Any]]:
+    """[{"name", "line", "entries"}]: every assignment of an allowlist name in a file."""
+    found: List[Dict[str, Any]] = []
+    for node in ast.walk(parse_python(_read_text(path))):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in ALLOWLIST_NAMES:
+                found.append(
+                    {"name": target.id, "line": node.lineno, "entries": _string_list(node.value)}
+                )
+    return found
+
+
+def allowlists(package_dir: str, cache: Optional[DerivedCache] = None) -> Dict[str, Any]:
     """{"searched": [relpath], "found": [{"file", "name", "line", "entries"}]}: every
     assignment of an allowlist name in the files where vLLM kept it."""
     searched: List[str] = []
@@ -113,25 +238,8 @@ def allowlists(package_dir: str) -> Dict[str, Any]:
         if not os.path.isfile(full):
             continue
         searched.append(rel)
-        with open(full, encoding="utf-8") as fh:
-            tree = parse_python(fh.read())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Assign):
-                targets = node.targets
-            elif isinstance(node, ast.AnnAssign) and node.value is not None:
-                targets = [node.target]
-            else:
-                continue
-            for target in targets:
-                if isinstance(target, ast.Name) and target.id in ALLOWLIST_NAMES:
-                    found.append(
-                        {
-                            "file": rel,
-                            "name": target.id,
-                            "line": node.lineno,
-                            "entries": _string_list(node.value),
-                        }
-                    )
+        for item in _derive(cache, "allowlists", full, file_allowlists):
+            found.append({"file": rel, **item})
     return {"searched": searched, "found": found}
 
 

@@ -24,9 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import pairwise
-from typing import Any, Literal
-
-import jinja2
+from typing import TYPE_CHECKING, Any, Literal
 
 from fleet.errors import UsageError
 from fleet.onhost._common import parse_python
@@ -38,6 +36,9 @@ def _literal_eval(text: str) -> Any:
     """``ast.literal_eval`` through fleet's one parse lock (see ``parse_python``)."""
     return ast.literal_eval(parse_python(text.lstrip(" \t"), mode="eval"))
 
+
+if TYPE_CHECKING:
+    import jinja2
 
 Status = Literal[
     "would-apply",
@@ -181,6 +182,8 @@ class _Render:
     """The Jinja2 environment shared by every template of a patch set."""
 
     def __init__(self) -> None:
+        import jinja2  # only when a plan is made (a plan kept in the cache needs none)
+
         env = jinja2.Environment(
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=True,
@@ -203,6 +206,8 @@ class _Render:
         return found
 
     def condition(self, expr: str, context: Mapping[str, Any]) -> bool:
+        import jinja2
+
         try:
             return bool(self.env.compile_expression(expr)(**context))
         except jinja2.TemplateError as exc:
@@ -213,7 +218,13 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-_RENDER = _Render()
+_RENDERS: list[_Render] = []
+
+
+def _render() -> _Render:
+    if not _RENDERS:
+        _RENDERS.append(_Render())
+    return _RENDERS[0]
 
 
 # -- scopes and anchors -----------------------------------------------------------------
@@ -421,7 +432,7 @@ def _every_file_conflicts(
 def _selected(edit: Edit | FileSpec, version: str, context: Mapping[str, Any]) -> bool:
     if edit.versions and Version(version) not in VersionRange(edit.versions):
         return False
-    return not (edit.when and not _RENDER.condition(edit.when, context))
+    return not (edit.when and not _render().condition(edit.when, context))
 
 
 def plan_file(
@@ -581,8 +592,10 @@ def _splice(
         start, end = match
         matched = text[start:end]
     marker = patch_set.marker(edit)
-    rendered = _RENDER.template(patch_set, edit.template).render(
-        **context, m=groups, matched=matched, marker=marker, edit_id=edit.id
+    rendered = (
+        _render()
+        .template(patch_set, edit.template)
+        .render(**context, m=groups, matched=matched, marker=marker, edit_id=edit.id)
     )
     if edit.applied is None and marker not in rendered:
         raise UsageError(

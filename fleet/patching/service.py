@@ -140,8 +140,81 @@ def cached_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan:
         lock = _PLAN_LOCKS.setdefault(key, threading.Lock())
     with lock:
         if key not in _PLAN_CACHE:
-            _PLAN_CACHE[key] = plan_host(patch_set, fetched.vllm_version, fetched.texts())
+            stored = _stored_plan(patch_set, key)
+            if stored is None:
+                stored = plan_host(patch_set, fetched.vllm_version, fetched.texts())
+                _store_plan(patch_set, key, stored)
+            _PLAN_CACHE[key] = stored
         return copy.deepcopy(_PLAN_CACHE[key])
+
+
+# Plans kept across runs (``fleet patch --check`` then an apply then a no-op apply plan
+# the same files three times): DIR/plans/<sha256>.pickle in fleet's cache, keyed by the
+# patch set's files (manifest and templates), the engine's own source, the vLLM version
+# and the sha256 of every fetched file. Written by rename; read only when ours and 0600.
+PLAN_CACHE_FORMAT = 1
+_ENGINE_MODULES = ("engine.py", "manifest.py", "versions.py", "service.py")
+
+
+def _plan_key(patch_set: PatchSet, key: tuple[Any, ...]) -> str | None:
+    import hashlib
+    from pathlib import Path
+
+    digest = hashlib.sha256(repr((PLAN_CACHE_FORMAT, key[1:])).encode())
+    try:
+        here = Path(__file__).resolve().parent
+        for name in _ENGINE_MODULES:
+            digest.update(name.encode() + b"\0" + (here / name).read_bytes())
+        for path in sorted(p for p in Path(patch_set.directory).rglob("*") if p.is_file()):
+            rel = str(path.relative_to(patch_set.directory)).encode()
+            digest.update(rel + b"\0" + path.read_bytes())
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _plan_path(digest: str) -> Any:
+    from fleet.paths import cache_dir
+
+    return cache_dir() / "plans" / f"{digest}.pickle"
+
+
+def _stored_plan(patch_set: PatchSet, key: tuple[Any, ...]) -> HostPlan | None:
+    import os
+    import pickle
+
+    digest = _plan_key(patch_set, key)
+    if digest is None:
+        return None
+    path = _plan_path(digest)
+    try:
+        st = os.lstat(path)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077 or not (st.st_mode & 0o100000):
+            return None
+        with open(path, "rb") as fh:
+            plan = pickle.load(fh)
+    except Exception:
+        return None
+    return plan if isinstance(plan, HostPlan) else None
+
+
+def _store_plan(patch_set: PatchSet, key: tuple[Any, ...], plan: HostPlan) -> None:
+    import os
+    import pickle
+
+    digest = _plan_key(patch_set, key)
+    if digest is None:
+        return
+    path = _plan_path(digest)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            pickle.dump(plan, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def _from_plan(f: FilePlan, with_diff: bool) -> FileReport:

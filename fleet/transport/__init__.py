@@ -6,6 +6,7 @@ function over hosts (Fabric's ``Group``) and returns one :class:`HostOutcome` pe
 Shell text is built only by :mod:`fleet.transport.shell`.
 """
 
+from fleet.transport import _paramiko  # noqa: F401  (first: paramiko without Invoke)
 from fleet.transport.connection import ConnectionLost, ConnectOptions, HostConnection
 from fleet.transport.fanout import fan_out, map_hosts
 from fleet.transport.outcome import (

@@ -21,16 +21,17 @@ streamed line by line for ``--follow``.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import paramiko
 
@@ -98,7 +99,7 @@ class HostConnection:
     def __init__(
         self,
         host: HostSpec,
-        fabric_conn: Connection,
+        fabric_conn: Connection | DirectConnection,
         owned_gateways: list[Connection] | None = None,
     ) -> None:
         self.host = host
@@ -329,17 +330,146 @@ class ConnectOptions:
     ssh_config_path: str | None = field(default_factory=lambda: os.environ.get("FLEET_SSH_CONFIG"))
 
 
-def fabric_connection(
-    spec: HostSpec, options: ConnectOptions, gateway: Connection | None = None
-) -> Connection:
-    """A configured (not yet opened) Fabric Connection with strict host-key checking."""
-    from fabric import Config, Connection
+# What Fabric takes from an ssh_config entry. A host whose entry sets none of the last four
+# (and that has no bastion) is reached by paramiko alone (DirectConnection): Fabric and
+# Invoke are not imported and no Fabric Config is built per host.
+SSH_CONFIG_DIRECT = frozenset({"hostname", "user", "port", "connecttimeout"})
+SSH_CONFIG_FABRIC = frozenset({"identityfile", "proxyjump", "proxycommand", "forwardagent"})
+SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
+USER_SSH_CONFIG = "~/.ssh/config"
 
-    config_kwargs: dict[str, Any] = {}
+
+class DirectConnection:
+    """The part of a Fabric ``Connection`` fleet uses (``client``, ``gateway``, ``open``,
+    ``close``), on paramiko alone, for a host that ssh_config does not send through a
+    proxy or give keys: the same ``SSHClient.connect`` call Fabric would make."""
+
+    gateway = None
+
+    def __init__(
+        self, host: str, port: int, user: str, timeout: float, kwargs: dict[str, Any]
+    ) -> None:
+        self.host, self.port, self.user = host, port, user
+        self.connect_timeout = timeout
+        self.connect_kwargs = kwargs
+        self.client = paramiko.SSHClient()
+
+    @property
+    def transport(self) -> paramiko.Transport | None:
+        return self.client.get_transport()
+
+    @property
+    def is_connected(self) -> bool:
+        transport = self.client.get_transport()
+        return bool(transport and transport.is_active())
+
+    def open(self) -> None:
+        """Connect (once: a bastion's connection is opened again by Fabric for each host
+        behind it, which must find it open, as with Fabric's own)."""
+        if self.is_connected:
+            return
+        self.client.connect(
+            hostname=self.host,
+            port=self.port,
+            username=self.user,
+            timeout=self.connect_timeout,
+            **self.connect_kwargs,
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+
+_SSH_CONFIGS: dict[tuple[Any, ...], paramiko.SSHConfig | None] = {}
+_SSH_CONFIG_LOCK = threading.Lock()
+
+
+def _ssh_config(options: ConnectOptions) -> paramiko.SSHConfig | None:
+    """The ssh_config Fabric would load (the runtime file, else the user's and the
+    system's), parsed once per process while the files are unchanged; None when it
+    cannot be read here (Fabric then reads it, and says what is wrong)."""
     if options.ssh_config_path is not None:
-        config_kwargs["runtime_ssh_path"] = options.ssh_config_path or os.devnull
-        config_kwargs["overrides"] = {"load_ssh_configs": True}
-    config = Config(**config_kwargs)
+        paths = [options.ssh_config_path or os.devnull]
+        if not os.path.exists(paths[0]):
+            return None
+    else:
+        paths = [os.path.expanduser(USER_SSH_CONFIG), SYSTEM_SSH_CONFIG]
+    stamps: list[Any] = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            stamps.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            stamps.append((path, None))
+    key = tuple(stamps)
+    with _SSH_CONFIG_LOCK:
+        if key in _SSH_CONFIGS:
+            return _SSH_CONFIGS[key]
+        config: paramiko.SSHConfig | None = paramiko.SSHConfig()
+        try:
+            for path in paths:
+                if os.path.isfile(path):
+                    with open(path) as fh:
+                        config.parse(fh)  # type: ignore[union-attr]
+        except Exception:
+            config = None
+        _SSH_CONFIGS[key] = config
+        return config
+
+
+def _direct(
+    spec: HostSpec, options: ConnectOptions, kwargs: dict[str, Any], timeout: int
+) -> DirectConnection | None:
+    config = _ssh_config(options)
+    if config is None:
+        return None
+    try:
+        entry = config.lookup(spec.target)
+    except Exception:  # Fabric meets the same problem and reports it
+        return None
+    if any(k in SSH_CONFIG_FABRIC or k.startswith("canonical") for k in entry):
+        return None
+    host = str(entry.get("hostname", spec.target))
+    user = spec.user or str(entry.get("user") or getpass.getuser())
+    try:
+        port = int(spec.port or entry.get("port") or 22)
+    except ValueError:
+        return None
+    return DirectConnection(host, port, user, timeout, kwargs)
+
+
+_KEYS: dict[tuple[Any, ...], paramiko.PKey | None] = {}
+_KEYS_LOCK = threading.Lock()
+
+
+def _private_key(path: str) -> paramiko.PKey | None:
+    """The unencrypted key at ``path``, read once per process while the file is unchanged
+    (paramiko would read and parse it for every host). None (paramiko reads the file
+    itself, as before) for a key with a passphrase or a certificate beside it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if os.path.exists(path + "-cert.pub"):
+        return None
+    key = (path, st.st_size, st.st_mtime_ns, st.st_ino)
+    with _KEYS_LOCK:
+        if key not in _KEYS:
+            try:
+                _KEYS[key] = paramiko.PKey.from_path(path)
+            except Exception:
+                _KEYS[key] = None
+        return _KEYS[key]
+
+
+def fabric_connection(
+    spec: HostSpec,
+    options: ConnectOptions,
+    gateway: Connection | DirectConnection | None = None,
+) -> Connection | DirectConnection:
+    """A configured (not yet opened) connection with strict host-key checking: a
+    :class:`DirectConnection` when ssh_config leaves the host alone and there is no
+    bastion, else a Fabric Connection (ssh_config's keys, ProxyJump, ProxyCommand)."""
     connect_kwargs: dict[str, Any] = {
         "banner_timeout": options.connect_timeout,
         "auth_timeout": options.connect_timeout,
@@ -348,11 +478,29 @@ def fabric_connection(
         connect_kwargs["key_filename"] = [str(Path(spec.ssh_key).expanduser())]
         connect_kwargs["look_for_keys"] = False
         connect_kwargs["allow_agent"] = False
+    # Fabric wants whole seconds; never round a short timeout down to 0 (= none).
+    timeout = max(1, math.ceil(spec.connect_timeout or options.connect_timeout))
+    if gateway is None:
+        direct = _direct(spec, options, dict(connect_kwargs), timeout)
+        if direct is not None:
+            if spec.ssh_key:
+                pkey = _private_key(connect_kwargs["key_filename"][0])
+                if pkey is not None:
+                    direct.connect_kwargs.pop("key_filename")
+                    direct.connect_kwargs["pkey"] = pkey
+            _strict(direct, spec.known_hosts_path(), spec.name)
+            return direct
+    from fabric import Config, Connection
+
+    config_kwargs: dict[str, Any] = {}
+    if options.ssh_config_path is not None:
+        config_kwargs["runtime_ssh_path"] = options.ssh_config_path or os.devnull
+        config_kwargs["overrides"] = {"load_ssh_configs": True}
+    config = Config(**config_kwargs)
     kwargs: dict[str, Any] = {
         "host": spec.target,
         "config": config,
-        # Fabric wants whole seconds; never round a short timeout down to 0 (= none).
-        "connect_timeout": max(1, math.ceil(spec.connect_timeout or options.connect_timeout)),
+        "connect_timeout": timeout,
         "connect_kwargs": connect_kwargs,
     }
     if spec.user:
@@ -373,13 +521,17 @@ def fabric_connection(
     return conn
 
 
-def _strict(conn: Connection, known_hosts: Path, label: str) -> None:
+def _strict(conn: Connection | DirectConnection, known_hosts: Path, label: str) -> None:
     # fleet's own known_hosts reader (OpenSSH semantics, bounded, linear), not paramiko's
     strict_client(conn.client, known_hosts, label)
 
 
-def _owned_gateways(conn: Connection, shared: Connection | None) -> list[Connection]:
+def _owned_gateways(
+    conn: Connection | DirectConnection, shared: Connection | DirectConnection | None
+) -> list[Connection]:
     """Gateway connections created for ``conn`` alone (from ~/.ssh/config ProxyJump)."""
+    if isinstance(conn, DirectConnection):
+        return []
     from fabric import Connection as FabricConnection
 
     hops: list[Connection] = []
@@ -390,17 +542,41 @@ def _owned_gateways(conn: Connection, shared: Connection | None) -> list[Connect
     return hops
 
 
+T = TypeVar("T")
+RETRY_FIRST_WAIT = 0.5  # seconds before the second attempt; doubling, at most RETRY_MAX_WAIT
+RETRY_MAX_WAIT = 4.0
+
+
+def _with_retries(attempt: Callable[[], T], attempts: int) -> T:
+    """``attempt()``, retried with tenacity (exponential backoff: 0.5 s, 1 s, 2 s, 4 s...)
+    while it fails with a transient fault, ``attempts`` tries in all. The first try runs
+    before tenacity is imported: a run whose connections all open pays nothing for it."""
+    try:
+        return attempt()
+    except BaseException as exc:
+        if attempts <= 1 or not _is_transient(exc):
+            raise
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    time.sleep(RETRY_FIRST_WAIT)
+    retrying = Retrying(
+        stop=stop_after_attempt(attempts - 1),
+        wait=wait_exponential(multiplier=2 * RETRY_FIRST_WAIT, max=RETRY_MAX_WAIT),
+        retry=retry_if_exception(_is_transient),
+        reraise=True,
+    )
+    return retrying(attempt)
+
+
 def open_connection(
     spec: HostSpec, options: ConnectOptions, gateway: HostConnection | None = None
 ) -> HostConnection:
     """Open one connection (with retries for transient faults) or raise ConnectError.
 
     ``gateway`` is an open connection to the bastion (shared by every host behind it)."""
-    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
-
     shared = gateway.fabric if gateway is not None else None
 
-    def attempt() -> Connection:
+    def attempt() -> Connection | DirectConnection:
         conn = fabric_connection(spec, options, shared)
         try:
             conn.open()
@@ -416,15 +592,9 @@ def open_connection(
             transport.set_keepalive(KEEPALIVE_SECONDS)
         return conn
 
-    retrying = Retrying(
-        stop=stop_after_attempt(options.attempts),
-        wait=wait_exponential(multiplier=0.5, max=4),
-        retry=retry_if_exception(_is_transient),
-        reraise=True,
-    )
     where = f"{spec.user + '@' if spec.user else ''}{spec.target}:{spec.port or 22}"
     try:
-        conn = retrying(attempt)
+        conn = _with_retries(attempt, options.attempts)
     except UnknownHostKey as exc:
         raise HostKeyError(
             spec.name,

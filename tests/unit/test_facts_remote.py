@@ -162,7 +162,6 @@ def test_a_failing_part_does_not_break_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The on-host modules are importable here: run the facts operation in-process."""
-    import socket
 
     from fleet.onhost import facts as script
 
@@ -181,10 +180,10 @@ def test_a_failing_part_does_not_break_the_others(
     monkeypatch.undo()
     monkeypatch.setattr(sys, "path", [str(vllm_tree("0.18.0")), *sys.path])
 
-    def no_name() -> str:
+    def no_name() -> os.uname_result:
         raise RuntimeError("no hostname")
 
-    monkeypatch.setattr(socket, "gethostname", no_name)
+    monkeypatch.setattr(os, "uname", no_name)  # the host name comes from uname()
     facts = parse_facts(script.op_facts({}))
     assert facts.errors == {"host": "RuntimeError: no hostname"} and facts.hostname is None
     assert facts.vllm.version == "0.18.0"
