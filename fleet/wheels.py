@@ -22,7 +22,8 @@ SUPERVISOR = "supervisor==4.3.0"
 
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock file: one download or unpack per name across processes."""
+    """An exclusive lock file: one download, unpack or image build per name, across
+    processes and threads alike (each holder opens the file: flock is per open file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)

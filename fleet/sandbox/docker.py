@@ -32,7 +32,6 @@ starts one) and a checkout (the Dockerfile lives in ``tests/docker``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -42,13 +41,14 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fleet.errors import OperationFailed, UsageError
 from fleet.sandbox import model
 from fleet.sandbox.local import free_port, generate_keypair, write_text_atomic
+from fleet.wheels import locked
 
 IMAGE = "fleet-sandbox-host"
 BASE_IMAGE = "fleet-sandbox-base:bookworm"
@@ -140,18 +140,6 @@ def image_tag(version: str, *, supervisor: bool = True) -> str:
     return f"{IMAGE}:vllm-{version}" + ("" if supervisor else "-nosupervisor")
 
 
-@contextlib.contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` (between threads and processes alike)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def stage_serve_files(overlay: Path, version: str) -> None:
     """Files copied onto ``/`` of every host image (the serve issue's merge point): the
     rehearsal vLLM as ``root/ml-env/bin/vllm`` (run by the image's ``/root/ml-env/bin/python``)
@@ -213,7 +201,7 @@ def ensure_image(version: str, tree: Path, *, supervisor: bool = True) -> str:
     with _READY_LOCK:
         if tag in _READY:
             return _READY[tag]
-    with _flock(cache_dir() / "locks" / f"docker-image-{tag.replace(':', '-')}.lock"):
+    with locked(cache_dir() / "locks" / f"docker-image-{tag.replace(':', '-')}.lock"):
         base = image_id(BASE_IMAGE)
         if base is None:
             raise OperationFailed(
