@@ -82,16 +82,22 @@ def _run(box: Sandbox, args: argparse.Namespace) -> int:
           f"(exit {code}, {refused}/{n} refused)")  # fmt: skip
     assert fleet(box, "patch", "--host", "all")[0] == 0
     code, doc, wall, rss = fleet(box, "serve", "kimi-eagle3", "--host", "all")
-    ready = sum(1 for h in doc.get("hosts", {}).values() if h.get("outcome") == "ready")
+    outcomes = [h.get("outcome") for h in doc.get("hosts", {}).values()]
+    ready = outcomes.count("ready")
     print(f"2. following {n} loads of {args.load_seconds:.0f} s to ready: {wall:.1f} s, "
           f"{ready}/{n} ready; fleet's max RSS {rss / 1024:.0f} MiB")  # fmt: skip
+    for name, entry in sorted(doc.get("hosts", {}).items()):
+        if entry.get("outcome") != "ready":
+            print(
+                f"   {name}: {entry.get('outcome')}: {entry.get('error') or entry.get('message')}"
+            )
     fleet(box, "stop", "kimi-eagle3", "--host", "all")
 
     print("\n3. | scenario | outcome | diagnosis | wall time |")
     print("   |---|---|---|---|")
     host = box.hosts[0].name
     for title, knobs, extra in SCENARIOS:
-        box.set_sim(host, load_seconds=3.0, **knobs)  # type: ignore[arg-type]
+        box.set_sim(host, **{"load_seconds": 3.0, **knobs})
         flags = [a for a in extra if a not in ("--unpatched",)]
         if "--unpatched" in extra:
             fleet(box, "patch", "--host", host, "--revert")
@@ -111,7 +117,7 @@ def _run(box: Sandbox, args: argparse.Namespace) -> int:
 
 def _cuts(box: Sandbox, host: str) -> str:
     from fleet.inventory import load_inventory
-    from fleet.serving.follow import LogFollower, physical_lines
+    from fleet.serving.follow import LogFollower, PhysicalLines
     from fleet.transport import Session
 
     box.set_sim(host, number_lines=True, load_seconds=30)
@@ -134,9 +140,9 @@ def _cuts(box: Sandbox, host: str) -> str:
                                pid=pid, tick=0.5)  # fmt: skip
         thread = threading.Thread(target=cutter, daemon=True)
         thread.start()
-        buf = b""
+        splitter = PhysicalLines()
         for chunk in follower.chunks():
-            lines, buf = physical_lines(buf + chunk)
+            lines = splitter.feed(chunk)
             seqs += [int(x.rsplit("[seq=", 1)[1].split("]", 1)[0]) for x in lines if "[seq=" in x]
             if any("Application startup complete." in x for x in lines):
                 break

@@ -34,6 +34,9 @@ PROMPTS = (
 )
 
 
+LISTEN_TIMEOUT = 30.0  # seconds from "Application startup complete." to a listening port
+
+
 class NotReady(OperationFailed):
     code = "not-ready"
 
@@ -90,6 +93,26 @@ def request(
         close = getattr(sock, "close", None)
         if close is not None:
             close()
+
+
+def wait_listening(conn: Runner, port: int, *, timeout: float = 30.0) -> HttpAnswer:
+    """``GET /health`` once the port listens. uvicorn prints ``Application startup
+    complete.`` and only then calls ``listen()`` on the socket vLLM bound at start-up
+    (uvicorn ``server.py``: lifespan start-up, then ``create_server``), so a probe sent on
+    that line can be refused for a moment (longer on a busy host): refusals are retried
+    with backoff (tenacity) for ``timeout`` seconds, then the last one is raised."""
+    from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+    retrying = Retrying(
+        retry=retry_if_exception_type(ConnectionRefusedError),
+        stop=stop_after_delay(timeout),
+        wait=wait_exponential(multiplier=0.05, max=1.0),
+        reraise=True,
+    )
+    for attempt in retrying:
+        with attempt:
+            return request(conn, port, "GET", "/health")
+    raise AssertionError("unreachable: tenacity re-raises the last refusal")
 
 
 # -- /metrics ------------------------------------------------------------------------------
@@ -203,11 +226,12 @@ def check(
     api_key: str | None = None,
     completions: int = len(PROMPTS),
     max_tokens: int = 32,
+    listen_timeout: float = LISTEN_TIMEOUT,
 ) -> Readiness:
     """/health, /v1/models, test completions and the acceptance rate (the server is up:
     the caller waited for /health or ``Application startup complete.``)."""
     out = Readiness()
-    health = request(conn, port, "GET", "/health")
+    health = wait_listening(conn, port, timeout=listen_timeout)
     if health.status != 200:
         raise NotReady(f"{conn.host.name}: GET /health answered {health.status}")
     out.steps.append("health")
