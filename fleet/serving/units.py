@@ -76,12 +76,21 @@ class Layout:
 def _env() -> Environment:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-    return Environment(
+    env = Environment(
         loader=FileSystemLoader(str(templates_dir() / "serve")),
         undefined=StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.filters["systemd_text"] = systemd_text
+    return env
+
+
+def systemd_text(value: object) -> str:
+    """A value as systemd reads it literally: ``%`` starts a specifier (``%n``, ``%h``)
+    in a unit's settings, ``%%`` is one ``%``. (Control characters never reach here: the
+    profile refuses them.)"""
+    return str(value).replace("%", "%%")
 
 
 def launch_script(profile: Profile, layout: Layout, *, python: str) -> str:

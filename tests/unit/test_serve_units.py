@@ -110,3 +110,11 @@ def test_homes_that_cannot_be_written_into_a_unit_are_refused(home: str) -> None
 
     with pytest.raises(UsageError):
         units.Layout(home=home, profile="p")
+
+
+def test_a_percent_in_a_served_name_is_literal_in_the_unit() -> None:
+    """``%n`` in a unit's Description= would be systemd's unit-name specifier."""
+    profile = for_host("kimi-eagle3", HOST).model_copy(update={"served_model_name": "k%n-100%"})
+    unit = units.systemd_unit(profile, LAYOUT, user_unit=False)
+    (line,) = [x for x in unit.splitlines() if x.startswith("Description=")]
+    assert line == "Description=fleet serve kimi-eagle3 (vLLM, k%%n-100%%)"
