@@ -150,14 +150,16 @@ def _local(app: AppContext, path: Path, tail: int | None, diagnose: bool) -> int
 
 
 def _show_local(app: AppContext, path: Path, lines: int) -> int:
-    from fleet.diagnosis.scan import tail_offset
+    from fleet.diagnosis.remote import MAX_LINE_BYTES
+    from fleet.diagnosis.scan import CHUNK, tail_offset
+    from fleet.transport.runner import split_lines
 
     offset, first = tail_offset(path, lines)
     with open(path, "rb") as fh:
         fh.seek(offset)
-        text = fh.read().decode("utf-8", errors="replace").split("\n")
-    if text and text[-1] == "":
-        text.pop()
+        # shown lines are cut as on a host (a one-line file of GiBs is not read whole)
+        blocks = iter(lambda: fh.read(CHUNK), b"")
+        text = list(split_lines(blocks, max_line=MAX_LINE_BYTES))
     numbered = [(n, redact_text(t)) for n, t in enumerate(text, first)]
     if app.json_output:
         from fleet.cli.render import emit_json

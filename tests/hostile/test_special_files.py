@@ -221,3 +221,36 @@ def test_local_special_files_are_refused_at_once(
         if _kind_of(path) != before:
             tally.bad(category, "data loss", f"{kind} changed")
     assert not tally.failures(category), tally.categories[category].examples
+
+
+def _run_measured(argv: list[str], out: Path) -> tuple[int, float]:
+    """Exit code and max RSS (MiB) of a process, its stdout into ``out``."""
+    import subprocess
+
+    with open(out, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.DEVNULL)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_maxrss / 1024
+
+
+def test_a_huge_local_one_line_file_is_shown_cut_in_bounded_memory(tmp_path: Path) -> None:
+    """``logs --file`` (shown, not diagnosed) of 512 MiB of NUL bytes without a newline
+    (sparse: no disk used) prints the line cut as a host cuts it, and costs fleet no more
+    memory than a 4 KiB file does."""
+    import sys
+
+    from fleet.diagnosis.remote import MAX_LINE_BYTES
+
+    huge, small = tmp_path / "huge.log", tmp_path / "small.log"
+    with open(huge, "wb") as fh:
+        fh.truncate(512 * 1024 * 1024)
+    small.write_bytes(b"\0" * 4096)
+    fleet = [sys.executable, "-m", "fleet", "logs", "--file"]
+    code_small, rss_small = _run_measured([*fleet, str(small)], tmp_path / "small.out")
+    code_huge, rss_huge = _run_measured([*fleet, str(huge)], tmp_path / "huge.out")
+    assert code_small == code_huge == 0
+    assert rss_huge < rss_small + 64, (rss_small, rss_huge)
+    shown = (tmp_path / "huge.out").read_bytes()
+    # one line of MAX_LINE_BYTES NULs, each shown as the 4 characters \x00
+    assert shown.count(b"\\x00") == MAX_LINE_BYTES, len(shown)
