@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -168,7 +167,7 @@ def bench_local(size: int, keep: bool) -> None:
 def bench_remote(inventory_path: str, host: str, size: int) -> None:
     from fleet.diagnosis.remote import diagnose_remote
     from fleet.inventory import load_inventory
-    from fleet.transport import Session
+    from fleet.transport import Session, shell
 
     inventory = load_inventory(inventory_path)
     spec = inventory.hosts[host]
@@ -176,13 +175,14 @@ def bench_remote(inventory_path: str, host: str, size: int) -> None:
     with Session(inventory) as session:
         conn = session.connect(spec)
         t0 = time.perf_counter()
-        gen = conn.run(
-            'mkdir -p "$HOME/.fleet/run/bench" && '
-            + shlex.join([spec.python, "-"])
-            + f' "$HOME/.fleet/run/bench/vllm.log" {int(size)}',
-            stdin=GENERATOR,
-            timeout=1800,
+        generate = shell.script(
+            "mkdir -p {{dir}} && {{python}} - {{log}} {{size}}",
+            dir=shell.RemotePath("~/.fleet/run/bench"),
+            python=spec.python or "python3",
+            log=shell.RemotePath(remote_path),
+            size=int(size),
         )
+        gen = conn.run(shell.sh(generate), stdin=GENERATOR, timeout=1800)
         if not gen.ok:
             print(f"{host}: generating the log failed: {gen.stderr.strip()}")
             return
@@ -201,7 +201,8 @@ def bench_remote(inventory_path: str, host: str, size: int) -> None:
                 f"({100 * res.fraction:.4f}% of the log), {res.candidate_lines} candidate lines"
             )
         finally:
-            conn.run('rm -f "$HOME/.fleet/run/bench/vllm.log"', timeout=60)
+            remove = shell.script("rm -f -- {{log}}", log=shell.RemotePath(remote_path))
+            conn.run(shell.sh(remove), timeout=60)
 
 
 def main() -> None:

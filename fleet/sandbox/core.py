@@ -582,16 +582,21 @@ class Sandbox:
         return res
 
     def run_fleet(
-        self, *args: str, timeout: float = 120.0, input: str | None = None
+        self,
+        *args: str,
+        timeout: float = 120.0,
+        input: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``fleet --inventory DIR/inventory.yaml ARGS...`` as a real process."""
+        """Run ``fleet --inventory DIR/inventory.yaml ARGS...`` as a real process (``env``:
+        variables set on top of :meth:`fleet_env`)."""
         cmd = [sys.executable, "-m", "fleet", "--inventory", str(self.inventory_path), *args]
         return subprocess.run(
             cmd,
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=self.fleet_env(),
+            env={**self.fleet_env(), **(env or {})},
             input=input,
             check=False,
         )

@@ -9,22 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from typing import Any
 
 import pytest
+from openssh_client import ssh_argv
 
 from fleet.inventory import load_inventory
 from fleet.sandbox.core import Sandbox
 from fleet.transport import Session, fan_out
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
+ONE_ATTEMPT = {"FLEET_CONNECT_ATTEMPTS": "1"}  # a fault is reported, not retried
 
 COMMAND_TIMEOUT = 8.0
 
@@ -74,26 +74,8 @@ def test_paused_host_fails_the_run_with_a_clear_error(sandbox: Sandbox) -> None:
     victim = sandbox.hosts[0].name
     sandbox.pause_host(victim)
     try:
-        env = dict(sandbox.fleet_env(), FLEET_CONNECT_ATTEMPTS="1")
         started = time.monotonic()
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "fleet",
-                "--inventory",
-                str(sandbox.inventory_path),
-                "--json",
-                "ping",
-                "--host",
-                "all",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-            check=False,
-        )
+        proc = sandbox.run_fleet("--json", "ping", "--host", "all", env=ONE_ATTEMPT)
         elapsed = time.monotonic() - started
     finally:
         sandbox.unpause_host(victim)
@@ -113,23 +95,7 @@ def test_restart_host_ends_its_sessions_and_comes_back_on_the_same_port(
 ) -> None:
     name, other = (h.name for h in sandbox.hosts)
     host = sandbox.host(name)
-    argv = [
-        "ssh",
-        "-F",
-        "/dev/null",
-        "-i",
-        str(sandbox.client_key_path),
-        "-o",
-        f"UserKnownHostsFile={sandbox.known_hosts_path}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-p",
-        str(host.port),
-        f"{sandbox.state.user}@{host.address}",
-        "echo started; sleep 120",
-    ]
+    argv = ssh_argv(sandbox, name, "echo started; sleep 120")
     mark = sandbox.log_marks()[name]
     client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -145,25 +111,7 @@ def test_restart_host_ends_its_sessions_and_comes_back_on_the_same_port(
             client.wait()
     assert sandbox.running(name) and sandbox.host(name).port == host.port
     assert "Server listening on" in sandbox.sshd_log(name)[restarted:]
-    env = dict(os.environ, FLEET_CONNECT_ATTEMPTS="1")
-    ping = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fleet",
-            "--inventory",
-            str(sandbox.inventory_path),
-            "--json",
-            "ping",
-            "--host",
-            "all",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    ping = sandbox.run_fleet("--json", "ping", "--host", "all", env=ONE_ATTEMPT)
     assert ping.returncode == 0, ping.stdout + ping.stderr  # same key: still pinned
     assert {h["host_key"] for h in json.loads(ping.stdout)["hosts"].values()} == {"pinned"}
     assert sandbox.running(other)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from openssh_client import ssh
 
 from fleet.sandbox import docker
 from fleet.sandbox.core import Sandbox, default_backend
@@ -29,36 +30,6 @@ pytestmark = [
         reason="docker backend only (scripts/test-docker.sh, or FLEET_SANDBOX_BACKEND=docker)",
     ),
 ]
-
-
-def ssh(
-    box: Sandbox, name: str, command: str, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    host = box.host(name)
-    argv = [
-        "ssh",
-        "-F",
-        "/dev/null",
-        "-i",
-        str(box.client_key_path),
-        "-o",
-        "IdentitiesOnly=yes",
-        "-o",
-        f"UserKnownHostsFile={box.known_hosts_path}",
-        "-o",
-        "GlobalKnownHostsFile=/dev/null",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "ConnectTimeout=10",
-        "-p",
-        str(host.port),
-        f"{box.state.user}@{host.address}",
-        command,
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def engine(*args: str) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,6 @@ import os
 import select
 import shlex
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,26 +184,12 @@ def test_port_in_use_names_the_holder(box: Sandbox) -> None:
 def test_follow_diagnoses_lines_as_they_arrive(box: Sandbox) -> None:
     name = box.hosts[0].name
     write_log(box, "live", "INFO 11-02 10:14:01 [a.py:1] vLLM API server version 0.17.0\n")
-    env = dict(os.environ, COLUMNS="200", FLEET_CONNECT_ATTEMPTS="1")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fleet",
-            "--inventory",
-            str(box.inventory_path),
-            "--json",
-            "logs",
-            "--host",
-            name,
-            "live",
-            "--follow",
-            "--diagnose",
-        ],
+        [*box.fleet_argv(), "--json", "logs", "--host", name, "live", "--follow", "--diagnose"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=box.fleet_env(),
     )
     try:
         time.sleep(2.0)
@@ -256,26 +241,11 @@ SECRET = "sk-remotesecret0123456789abcdef"
 def test_follow_json_without_diagnose_prints_each_line(box: Sandbox) -> None:
     name = box.hosts[0].name
     write_log(box, "live2", "first line\nsecond line with api_key=" + SECRET + "\n")
-    env = dict(os.environ, COLUMNS="200", FLEET_CONNECT_ATTEMPTS="1")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fleet",
-            "--inventory",
-            str(box.inventory_path),
-            "--json",
-            "logs",
-            "--host",
-            name,
-            "live2",
-            "--follow",
-            "--tail",
-            "5",
-        ],
+        [*box.fleet_argv(), "--json", "logs", "--host", name, "live2", "--follow", "--tail", "5"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=env,
+        env=box.fleet_env(),
     )
     try:
         got = _read_json_lines(proc, 2)  # type: ignore[arg-type]

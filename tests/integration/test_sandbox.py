@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from openssh_client import ssh, ssh_argv
 
 from fleet.inventory import load_inventory
 from fleet.sandbox import model
@@ -25,42 +26,6 @@ from fleet.sandbox.core import Sandbox
 from fleet.sandbox.procs import ProcessRecord, start_token
 
 pytestmark = pytest.mark.integration
-
-
-def ssh(
-    box: Sandbox,
-    name: str,
-    command: str,
-    *,
-    timeout: float = 60.0,
-    known_hosts: Path | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run ``command`` on host ``name`` with the OpenSSH client, host keys strictly checked."""
-    host = box.host(name)
-    argv = [
-        "ssh",
-        "-F",
-        "/dev/null",
-        "-i",
-        str(box.client_key_path),
-        "-o",
-        "IdentitiesOnly=yes",
-        "-o",
-        f"UserKnownHostsFile={known_hosts or box.known_hosts_path}",
-        "-o",
-        "GlobalKnownHostsFile=/dev/null",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "ConnectTimeout=10",
-        "-p",
-        str(host.port),
-        f"{box.state.user}@{host.address}",
-        command,
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 # -- what a host is ---------------------------------------------------------------------------
@@ -225,24 +190,7 @@ def test_kill_host_mid_session_ends_the_session(sandbox: Sandbox) -> None:
     if sandbox.state.backend != "local":
         pytest.skip("process-level checks apply to the local backend")
     name = sandbox.hosts[0].name
-    host = sandbox.host(name)
-    argv = [
-        "ssh",
-        "-F",
-        "/dev/null",
-        "-i",
-        str(sandbox.client_key_path),
-        "-o",
-        f"UserKnownHostsFile={sandbox.known_hosts_path}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-p",
-        str(host.port),
-        f"{sandbox.state.user}@{host.address}",
-        "echo started; sleep 120",
-    ]
+    argv = ssh_argv(sandbox, name, "echo started; sleep 120")
     mark = sandbox.log_marks()[name]
     client = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
