@@ -50,6 +50,7 @@ class Display:
         self.rows: dict[str, dict[str, Any]] = {h: {"phase": "connecting"} for h in hosts}
         self.live: Any = None
         self.started = time.monotonic()
+        self.shown_step: dict[str, tuple[Any, int]] = {}  # host -> (phase, tenth) last printed
         out = app.err_console
         self.tty = out.is_terminal and not app.json_output and not events
 
@@ -87,11 +88,25 @@ class Display:
                 return
             if self.tty or self.app.json_output:
                 return
-            line = _event_line(event)
+            line = _event_line(event) if kind != "progress" else self._progress_line(event)
             if line:
                 self.app.err_console.print(
                     f"{escape(event['host'])}: {escape(line)}", soft_wrap=True
                 )
+
+    def _progress_line(self, event: dict[str, Any]) -> str | None:
+        """A pipe's view of a long phase: one line each time it passes a tenth (10%, 20%,
+        ... of the weight shards), so a 40-minute load says how far it is in a log."""
+        pct = event.get("percent")
+        if not isinstance(pct, int | float) or not 0 <= pct < 100:
+            return None
+        step = int(pct // 10)
+        phase = event.get("phase")
+        last_phase, last_step = self.shown_step.get(event["host"], (None, 0))
+        if step == 0 or (phase == last_phase and step <= last_step):
+            return None
+        self.shown_step[event["host"]] = (phase, step)
+        return _progress_text(event)
 
     def table(self) -> Any:
         from rich.markup import escape
@@ -129,6 +144,14 @@ def _clock(seconds: Any) -> str:
     return (
         f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
     )
+
+
+def _progress_text(event: dict[str, Any]) -> str:
+    t = f"[{_clock(event.get('t'))}]"
+    shards = event.get("shards") or {}
+    done = f" {shards.get('done')}/{shards.get('total')} shards" if shards else ""
+    eta = f", ETA {_clock(event.get('eta_s'))}" if event.get("eta_s") is not None else ""
+    return f"{t} {event.get('phase')}{done} ({event.get('percent'):.0f}%){eta}"
 
 
 def _event_line(event: dict[str, Any]) -> str | None:
