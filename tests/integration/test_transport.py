@@ -226,8 +226,11 @@ def test_ssh_config_proxyjump_bastion_key_must_be_pinned(sandbox: Sandbox, tmp_p
 def test_ctrl_c_closes_every_connection(shared_sandbox: Sandbox) -> None:
     script = textwrap.dedent(
         f"""
+        import faulthandler
+        import signal
         import sys
         import threading
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks on a hang
         from fleet.inventory import load_inventory
         from fleet.transport import Session, fan_out
         inv = load_inventory({str(shared_sandbox.inventory_path)!r})
@@ -256,7 +259,14 @@ def test_ctrl_c_closes_every_connection(shared_sandbox: Sandbox) -> None:
     for h in shared_sandbox.hosts:
         assert shared_sandbox.wait_for_log(h.name, "Starting session", since=marks[h.name])
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)  # far less than the 60 s the commands would take
+    try:
+        out, _ = proc.communicate(timeout=30)  # far less than the 60 s the commands take
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # every thread's stack, to say where it hangs
+        time.sleep(2)
+        proc.kill()
+        stacks, _ = proc.communicate()
+        pytest.fail(f"no exit 30 s after Ctrl-C; the threads were at:\n{stacks}")
     assert proc.returncode == 130 and "interrupted" in out, out
     # every host logged the disconnect (sshd writes it when the client closes)
     deadline = time.monotonic() + 10
