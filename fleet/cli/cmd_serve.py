@@ -148,9 +148,12 @@ def _clock(seconds: Any) -> str:
 
 def _progress_text(event: dict[str, Any]) -> str:
     t = f"[{_clock(event.get('t'))}]"
-    shards = event.get("shards") or {}
+    # shards and the ETA (from the shard rate) belong to the weights phase only
+    weights = event.get("phase") == "weights"
+    shards = (event.get("shards") or {}) if weights else {}
     done = f" {shards.get('done')}/{shards.get('total')} shards" if shards else ""
-    eta = f", ETA {_clock(event.get('eta_s'))}" if event.get("eta_s") is not None else ""
+    eta_s = event.get("eta_s") if weights else None
+    eta = f", ETA {_clock(eta_s)}" if eta_s is not None else ""
     return f"{t} {event.get('phase')}{done} ({event.get('percent'):.0f}%){eta}"
 
 
