@@ -14,7 +14,6 @@ or truncated: the follow restarts at its first byte and says so.
 
 from __future__ import annotations
 
-import re
 import secrets as _secrets
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from fleet.errors import ConnectError
 from fleet.transport import shell
-from fleet.transport.runner import MAX_LINE_BYTES
+from fleet.transport.runner import MAX_LINE_BYTES, LineSplitter
 from fleet.transport.shell import RemotePath
 
 if TYPE_CHECKING:
@@ -217,51 +216,14 @@ class _Dropped(ConnectError):
     code = "connection-lost"
 
 
-_BREAK = re.compile(rb"[\r\n]")
-
-
-class PhysicalLines:
-    """Physical lines of a byte stream fed in chunks, split on ``\\n`` AND ``\\r`` (tqdm
-    redraws a bar with ``\\r``; CUDA-graph capture is one line of ``\\r``-separated
-    updates); empty lines are skipped. A line longer than ``max_line`` bytes is cut there
-    and the rest of it dropped, so a log of one endless line costs bounded memory and a
-    chunk costs time linear in its size."""
+class PhysicalLines(LineSplitter):
+    """Physical lines of a log fed in chunks, split on ``\\n`` AND ``\\r`` (tqdm redraws a
+    bar with ``\\r``; CUDA-graph capture is one line of ``\\r``-separated updates); empty
+    lines are skipped; long lines cut as :class:`~fleet.transport.runner.LineSplitter`
+    cuts them."""
 
     def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
-        self.max_line = max_line
-        self._pending: list[bytes] = []
-        self._size = 0
-        self._cut = False  # the current line was cut: drop bytes up to its end
-
-    def feed(self, data: bytes) -> list[str]:
-        out: list[str] = []
-        parts = _BREAK.split(data)
-        for i, part in enumerate(parts):
-            if not self._cut:
-                room = self.max_line - self._size
-                if len(part) > room:
-                    self._pending.append(part[:room])
-                    out.append(self._take())
-                    self._cut = True
-                elif part:
-                    self._pending.append(part)
-                    self._size += len(part)
-            if i == len(parts) - 1:
-                break  # the last part has no line end yet
-            if self._pending and not self._cut:
-                out.append(self._take())
-            self._cut = False
-        return out
-
-    @property
-    def pending(self) -> int:
-        """Bytes of the incomplete line held back."""
-        return self._size
-
-    def _take(self) -> str:
-        line = b"".join(self._pending).decode("utf-8", errors="replace")
-        self._pending, self._size = [], 0
-        return line
+        super().__init__(max_line, breaks=b"\r\n", keep_empty=False)
 
 
 def elapsed_since(started: float) -> float:

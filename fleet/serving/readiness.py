@@ -109,10 +109,7 @@ def wait_listening(conn: Runner, port: int, *, timeout: float = 30.0) -> HttpAns
         wait=wait_exponential(multiplier=0.05, max=1.0),
         reraise=True,
     )
-    for attempt in retrying:
-        with attempt:
-            return request(conn, port, "GET", "/health")
-    raise AssertionError("unreachable: tenacity re-raises the last refusal")
+    return retrying(request, conn, port, "GET", "/health")
 
 
 # -- /metrics ------------------------------------------------------------------------------

@@ -330,10 +330,9 @@ class ConnectOptions:
     ssh_config_path: str | None = field(default_factory=lambda: os.environ.get("FLEET_SSH_CONFIG"))
 
 
-# What Fabric takes from an ssh_config entry. A host whose entry sets none of the last four
-# (and that has no bastion) is reached by paramiko alone (DirectConnection): Fabric and
-# Invoke are not imported and no Fabric Config is built per host.
-SSH_CONFIG_DIRECT = frozenset({"hostname", "user", "port", "connecttimeout"})
+# The ssh_config settings only Fabric applies. A host whose entry sets none of them (and
+# that has no bastion) is reached by paramiko alone (DirectConnection): Fabric and Invoke
+# are not imported and no Fabric Config is built per host.
 SSH_CONFIG_FABRIC = frozenset({"identityfile", "proxyjump", "proxycommand", "forwardagent"})
 SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
 USER_SSH_CONFIG = "~/.ssh/config"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import time
 from collections.abc import Generator, Iterator, Sequence
@@ -259,37 +260,68 @@ class LocalRunner:
 MAX_LINE_BYTES = 1 << 20  # a longer streamed line is cut here (the rest up to its end dropped)
 
 
+class LineSplitter:
+    """Lines of a byte stream fed in chunks (``feed``), split on the bytes of ``breaks``;
+    ``flush`` gives the last line, which has no line end. A line longer than ``max_line``
+    bytes is cut there and the rest of it dropped, so a stream of one endless line (NUL
+    bytes) costs bounded memory, and a chunk costs time linear in its size. Empty lines
+    are lines unless ``keep_empty`` is false."""
+
+    def __init__(
+        self, max_line: int = MAX_LINE_BYTES, *, breaks: bytes = b"\n", keep_empty: bool = True
+    ) -> None:
+        self.max_line = max_line
+        self.keep_empty = keep_empty
+        self._split = re.compile(b"[" + re.escape(breaks) + b"]").split
+        self._pending: list[bytes] = []
+        self._size = 0
+        self._cut = False  # the current line was cut: drop bytes up to its end
+
+    def feed(self, data: bytes) -> list[str]:
+        out: list[str] = []
+        parts = self._split(data)
+        for i, part in enumerate(parts):
+            if not self._cut:
+                room = self.max_line - self._size
+                if len(part) > room:
+                    self._pending.append(part[:room])
+                    out.append(self._take())
+                    self._cut = True
+                elif part:
+                    self._pending.append(part)
+                    self._size += len(part)
+            if i == len(parts) - 1:
+                break  # the last part has no line end yet
+            if not self._cut and (self._pending or self.keep_empty):
+                out.append(self._take())
+            self._cut = False
+        return out
+
+    def flush(self) -> str | None:
+        """The last line, without its line end (None: there is none, or it was cut)."""
+        return self._take() if self._pending and not self._cut else None
+
+    @property
+    def pending(self) -> int:
+        """Bytes of the incomplete line held back."""
+        return self._size
+
+    def _take(self) -> str:
+        line = b"".join(self._pending).decode("utf-8", errors="replace")
+        self._pending, self._size = [], 0
+        return line
+
+
 def split_lines(chunks: Iterator[bytes], max_line: int = MAX_LINE_BYTES) -> Iterator[str]:
     """Decoded lines of a byte stream (a last line without a newline included); closing
-    the line iterator closes the stream. A line longer than ``max_line`` bytes is cut
-    there, so a stream of a multi-GiB line (NUL bytes) costs bounded memory and time."""
-    pending: list[bytes] = []
-    size = 0
-    cut = False  # the current line was cut: drop bytes up to its newline
+    the line iterator closes the stream. Long lines are cut (:class:`LineSplitter`)."""
+    splitter = LineSplitter(max_line)
     try:
         for data in chunks:
-            start = 0
-            while True:
-                end = data.find(b"\n", start)
-                piece = data[start:] if end < 0 else data[start:end]
-                if not cut:
-                    room = max_line - size
-                    if len(piece) > room:
-                        piece, cut = piece[:room], True
-                        pending.append(piece)
-                        yield b"".join(pending).decode("utf-8", errors="replace")
-                        pending, size = [], 0
-                    elif piece:
-                        pending.append(piece)
-                        size += len(piece)
-                if end < 0:
-                    break
-                if not cut:
-                    yield b"".join(pending).decode("utf-8", errors="replace")
-                pending, size, cut = [], 0, False
-                start = end + 1
-        if pending and not cut:
-            yield b"".join(pending).decode("utf-8", errors="replace")
+            yield from splitter.feed(data)
+        last = splitter.flush()
+        if last is not None:
+            yield last
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
