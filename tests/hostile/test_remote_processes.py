@@ -45,7 +45,10 @@ def box(sandbox_factory: Any) -> Any:
             fh.write(block)
     (home / "small.log").write_text("INFO starting\n" * 20)
     tree = next(home.glob("ml-env/lib/python3*/site-packages/vllm"))
-    (tree / "hostile_slow.py").write_text("x = 'some ordinary python source text'\n" * 50_000)
+    # grep's backreference matcher backtracks on every line of repeated words: ~12 ms a
+    # line here, so ~50 s for the file; every test that uses it ends it long before then
+    line = "x = " + repr("some ordinary python source text " * 5) + "\n"
+    (tree / "hostile_slow.py").write_text(line * 4_000)
     return sandbox
 
 
