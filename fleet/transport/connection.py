@@ -39,6 +39,7 @@ from fleet.errors import ConnectError, HostKeyError, OperationFailed
 from fleet.transport import shell
 from fleet.transport.hostkeys import UnknownHostKey, fingerprint, strict_client
 from fleet.transport.runner import Result, command_text, log_command, split_lines
+from fleet.transport.wake import wait_step
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -183,12 +184,7 @@ class HostConnection:
             if not chan.closed and not held:
                 chan.shutdown_write()
             while True:
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError()
-                    chan.settimeout(remaining)
-                data = chan.recv(65536)
+                data = _recv(chan, deadline)
                 if not data:
                     break
                 out_chunks.append(data)
@@ -259,11 +255,10 @@ class HostConnection:
         cmd = command_text(command)
         log.debug("%s: streaming: %s", self.host.name, shell.masked(cmd)[:500])
         chan = self._open_channel(shell.guarded(cmd, stdin_open=True), timeout)
-        chan.settimeout(timeout)
         try:
             while True:
                 try:
-                    data = chan.recv(65536)
+                    data = _recv(chan, None if timeout is None else time.monotonic() + timeout)
                 except TimeoutError:
                     if tick:
                         yield b""
@@ -305,6 +300,23 @@ class HostConnection:
                 conn.close()
             except Exception:
                 pass
+
+
+def _recv(chan: paramiko.Channel, deadline: float | None) -> bytes:
+    """The channel's next stdout bytes (b"" at its end), waiting until ``deadline``
+    (monotonic; None: no end), then :class:`TimeoutError`; see :mod:`fleet.transport.wake`
+    for why the main thread waits in steps."""
+    while True:
+        step = wait_step(deadline)
+        if step is not None and step <= 0:
+            raise TimeoutError()
+        chan.settimeout(step)
+        try:
+            return chan.recv(65536)
+        except TimeoutError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+            # a step ended: the main thread runs byte code (and a pending Ctrl-C) here
 
 
 def _close(chan: paramiko.Channel) -> None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, TypeVar
 
 from fleet.transport.outcome import HostOutcome, exit_code, hosts_json
+from fleet.transport.wake import WAKE_S
 
 if TYPE_CHECKING:
     from fleet.inventory import HostSpec
@@ -56,15 +57,19 @@ def map_hosts(
     pool = ThreadPoolExecutor(
         max_workers=max(1, min(forks, len(hosts))), thread_name_prefix="fleet-host"
     )
-    futures: dict[Future[HostOutcome[T]], HostSpec] = {}
+    order: dict[Future[HostOutcome[T]], int] = {}
     try:
-        for host in hosts:
-            futures[pool.submit(_one, host, fn)] = host
-        for future in as_completed(futures):
-            outcome = future.result()
-            results[outcome.host] = outcome
-            if on_done is not None:
-                on_done(outcome)
+        for index, host in enumerate(hosts):
+            order[pool.submit(_one, host, fn)] = index
+        pending = set(order)
+        while pending:
+            # bounded steps: a Ctrl-C that lands in a worker thread stops the map at once
+            done, pending = wait(pending, timeout=WAKE_S, return_when=FIRST_COMPLETED)
+            for future in sorted(done, key=order.__getitem__):
+                outcome = future.result()
+                results[outcome.host] = outcome
+                if on_done is not None:
+                    on_done(outcome)
         pool.shutdown(wait=True)
     except KeyboardInterrupt:
         # wherever it lands (even after the last host): the connections are closed (the

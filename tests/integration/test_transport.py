@@ -279,6 +279,44 @@ def test_ctrl_c_closes_every_connection(shared_sandbox: Sandbox) -> None:
         pytest.fail("not every host saw the connection closed")
 
 
+def test_ctrl_c_that_lands_in_paramikos_thread_stops_a_command_in_the_main_thread(
+    shared_sandbox: Sandbox,
+) -> None:
+    """A library caller runs a long command in its main thread; the kernel hands SIGINT to
+    paramiko's transport thread (here the only one that does not block it)."""
+    script = textwrap.dedent(
+        f"""
+        import signal, sys, time
+        from fleet.inventory import load_inventory
+        from fleet.transport import Session
+        inv = load_inventory({str(shared_sandbox.inventory_path)!r})
+        with Session(inv) as session:
+            conn = session.connect(next(iter(inv.hosts.values())))  # its thread: unblocked
+            signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGINT}})
+            print("connected", flush=True)
+            started = time.monotonic()
+            try:
+                conn.run(["sleep", "60"])
+            except KeyboardInterrupt:
+                print("interrupted after %.1f s" % (time.monotonic() - started), flush=True)
+                sys.exit(130)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "connected"
+        time.sleep(1.0)  # the command runs on the host
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)  # the command takes 60 s
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and "interrupted" in out, out
+
+
 def test_ssh_config_is_honoured(shared_sandbox: Sandbox, tmp_path: Path) -> None:
     host = shared_sandbox.hosts[0]
     ssh_config = tmp_path / "ssh_config"

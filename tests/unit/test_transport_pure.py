@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -155,6 +157,51 @@ def test_map_hosts_bounds_parallelism_and_keeps_order() -> None:
     assert exit_code(outcomes) == 3
     assert exit_code([o for o in outcomes if o.host != "h03"]) == 1
     assert exit_code([by["h00"]]) == 0
+
+
+# The kernel may hand a process's SIGINT to any thread that does not block it; Python runs
+# the handler in the main thread only. Here only a worker can receive it: the map must still
+# stop at once, not when a host finishes.
+CTRL_C_IN_A_WORKER = """
+import os, signal, sys, threading, time
+from fleet.inventory import HostSpec
+from fleet.transport import map_hosts
+
+def main_thread_state():
+    with open(f"/proc/self/task/{threading.main_thread().native_id}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()[0]
+
+def work(host):
+    if host.name == "h0":
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        while main_thread_state() != "S":  # until the main thread waits for the workers
+            time.sleep(0.01)
+        time.sleep(0.1)
+        print("running", flush=True)
+    time.sleep(60)
+
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the workers inherit the mask
+try:
+    map_hosts([HostSpec(name=f"h{i}") for i in range(3)], work)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    os._exit(130)  # the sleeping workers are not waited for
+"""
+
+
+def test_ctrl_c_that_lands_in_a_worker_thread_stops_the_map() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_IN_A_WORKER], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=10)  # the workers would sleep for 60 s
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and "interrupted" in out
 
 
 def test_failure_lines_escape_markup() -> None:
