@@ -3,11 +3,12 @@
 # Operations (request["op"]):
 #   fetch   locate vLLM (find_spec / importlib.metadata, no import), read the target
 #           files: text + sha256; the backup manifest of this patch set if any.
-#   apply   write new texts, all files or none: check every sha256 first; back up each
-#           original and a manifest (sha256 before/after, patch set, vLLM version, time) in
-#           ~/.fleet/patches/<patch set>/<vLLM version>-<id of the package dir>/; write a
-#           temp file in the target's directory, fsync, rename; py_compile each new file
-#           and restore every original at once if one fails; drop stale __pycache__.
+#   apply   write new texts, all files or none: check every sha256 first and compile
+#           every new text with this interpreter (the host's), or write nothing; back up
+#           each original and a manifest (sha256 before/after, patch set, vLLM version,
+#           time) in ~/.fleet/patches/<patch set>/<vLLM version>-<id of the package dir>/;
+#           write a temp file in the target's directory, fsync, rename; drop stale
+#           __pycache__.
 #   revert  restore the byte-identical originals from the backup; refuses a file that
 #           changed since the patch unless "force".
 #
@@ -21,7 +22,7 @@
 # Fault injection, for tests only: honoured ONLY from request["fault"] (never from the
 # host's environment); fleet puts its local $FLEET_PATCH_FAULT there. "<point>" exits at
 # once at that point (as if killed), "<point>:sleep=<seconds>" pauses there,
-# "<point>:raise" raises OSError(ENOSPC) there, and "compile-error" makes the py_compile
+# "<point>:raise" raises OSError(ENOSPC) there, and "compile-error" makes the compile
 # step fail. Points: after-lock, after-backup, after-temp, after-first-rename,
 # after-rename, before-manifest.
 import errno
@@ -126,10 +127,7 @@ def _write_temp(path: str, data: bytes, like: Optional[str] = None) -> str:
     A new, unique name (mkstemp: O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600), so nothing that
     already sits there (a symlink planted under a guessable name) is ever opened; the
     temp file is removed again if anything fails before it is complete."""
-    import tempfile
-
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.fleet-tmp-", dir=directory)
+    fd, tmp = _new_temp(path)
     try:
         try:
             view = memoryview(data)
@@ -150,6 +148,22 @@ def _write_temp(path: str, data: bytes, like: Optional[str] = None) -> str:
         _unlink(tmp)
         raise
     return tmp
+
+
+def _new_temp(path: str) -> Tuple[int, str]:
+    """A new file ``.<name>.fleet-tmp-<random>`` beside ``path``, opened as mkstemp opens
+    one (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600): a name already taken is never opened."""
+    directory = os.path.dirname(path) or "."
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    for _attempt in range(100):
+        name = ".%s.fleet-tmp-%s" % (os.path.basename(path), os.urandom(6).hex())
+        tmp = os.path.join(directory, name)
+        try:
+            return os.open(tmp, flags, 0o600), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", path)
 
 
 def _unlink(path: str) -> None:
@@ -223,23 +237,16 @@ class _Lock:
             os.close(self.fd)
 
 
-def _compile(path: str) -> Optional[str]:
-    """py_compile with this interpreter (the host's); the error text, or None."""
-    import py_compile
-    import tempfile
-
-    fd, cfile = tempfile.mkstemp(suffix=".pyc", prefix=".fleet-compile-")
-    os.close(fd)
+def _compile(data: bytes, path: str) -> Optional[str]:
+    """Compile ``data`` (the text of ``path``) as this interpreter (the host's) imports it,
+    as py_compile does, without writing byte code; the error in one line, or None."""
     try:
-        py_compile.compile(path, cfile=cfile, doraise=True)
-        return None
-    except py_compile.PyCompileError as exc:
-        return str(exc.msg).strip().splitlines()[-1] if str(exc.msg).strip() else "compile error"
-    finally:
-        try:
-            os.unlink(cfile)
-        except OSError:
-            pass
+        compile(data, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return "%s: %s (line %s)" % (type(exc).__name__, exc.msg, exc.lineno)
+    except Exception as exc:  # ValueError (a NUL byte), RecursionError, MemoryError
+        return "%s: %s" % (type(exc).__name__, exc)
+    return None
 
 
 def _drop_pycache(path: str) -> List[str]:
@@ -324,6 +331,7 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
             _drop_stale_temps(target_path(package_dir, item["path"]))
         # 1. every file still has the sha256 that was read, or nothing is written
         originals: Dict[str, bytes] = {}
+        news: Dict[str, bytes] = {}
         conflicts = []
         for item in items:
             path = target_path(package_dir, item["path"])
@@ -338,6 +346,7 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
             new = item["text_after"].encode("utf-8")
             if _sha(new) != item["sha256_after"]:
                 raise Refused(item["path"] + ": the new text was damaged in transit", "bad-request")
+            news[item["path"]] = new
         if conflicts:
             after = {item["path"]: item["sha256_after"] for item in items}
             if all(c["actual"] == after[c["path"]] for c in conflicts) and len(conflicts) == len(
@@ -346,6 +355,16 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
                 # another fleet run wrote exactly this patch meanwhile (it held the lock)
                 return {"ok": True, "written": [], "already": sorted(after)}
             return {"ok": False, "conflicts": conflicts, "written": []}
+        # the host's interpreter must compile every new text, or nothing is written
+        errors = []
+        for item in items:
+            path = target_path(package_dir, item["path"])
+            message = "injected compile error" if _faulty(request, "compile-error") else None
+            message = message or _compile(news[item["path"]], path)
+            if message:
+                errors.append({"path": item["path"], "error": message})
+        if errors:
+            return {"ok": False, "compile_errors": errors, "written": []}
 
         # 2. backups of the originals and the manifest, before any target is touched
         manifest = _load_manifest(directory) or {
@@ -374,11 +393,11 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
         _write_json(os.path.join(directory, "manifest.json"), manifest)
         _fault(request, "after-backup")
 
-        # 3.-5. from the first temp file to the history line, any exception (a rename
-        # fails, the disk or /tmp is full) restores every file already replaced
+        # 3.-4. from the first temp file to the history line, any exception (a rename
+        # fails, the disk is full) restores every file already replaced
         replaced: List[str] = []
         try:
-            errors, dropped = _write_compile_record(request, where, directory, manifest, replaced)
+            dropped = _write_and_record(request, where, directory, manifest, news, replaced)
         except BaseException as exc:
             failed = _undo(package_dir, directory, manifest, items, replaced, originals)
             if not isinstance(exc, Exception):
@@ -391,16 +410,6 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
                 "restore_errors": failed,
                 "backup_dir": directory,
             }
-        if errors:  # 4. the host's interpreter must compile every new file
-            failed = _undo(package_dir, directory, manifest, items, replaced, originals)
-            return {
-                "ok": False,
-                "compile_errors": errors,
-                "restored": not failed,
-                "restore_errors": failed,
-                "written": [],
-                "backup_dir": directory,
-            }
     return {
         "ok": True,
         "written": [i["path"] for i in items],
@@ -409,16 +418,16 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def _write_compile_record(
+def _write_and_record(
     request: Dict[str, Any],
     where: Dict[str, Any],
     directory: str,
     manifest: Dict[str, Any],
+    news: Dict[str, bytes],
     replaced: List[str],
-) -> Tuple[List[Dict[str, str]], Dict[str, List[str]]]:
-    """Steps 3-5 of ``apply``; appends to ``replaced`` each path as soon as it is renamed.
-
-    Returns the compile errors (then nothing after step 4 ran) and the pycache removed."""
+) -> Dict[str, List[str]]:
+    """Steps 3-4 of ``apply``; appends to ``replaced`` each path as soon as it is renamed.
+    Returns the stale byte code removed, by path."""
     package_dir = where["package_dir"]
     root = request["backup_root"]
     items = request["files"]
@@ -427,7 +436,7 @@ def _write_compile_record(
     try:
         for item in items:
             path = target_path(package_dir, item["path"])
-            tmp = _write_temp(path, item["text_after"].encode("utf-8"), path)
+            tmp = _write_temp(path, news[item["path"]], path)
             temps.append((item["path"], tmp, path))
         _fault(request, "after-temp")
         for relpath, tmp, path in temps:
@@ -442,18 +451,7 @@ def _write_compile_record(
                 _unlink(tmp)
     _fault(request, "after-rename")
 
-    # 4. the host's interpreter must compile every new file
-    errors = []
-    for item in items:
-        path = target_path(package_dir, item["path"])
-        message = "injected compile error" if _faulty(request, "compile-error") else None
-        message = message or _compile(path)
-        if message:
-            errors.append({"path": item["path"], "error": message})
-    if errors:
-        return errors, {}
-
-    # 5. stale bytecode, the manifest, the history
+    # 4. stale bytecode, the manifest, the history
     dropped = {}
     for item in items:
         path = target_path(package_dir, item["path"])
@@ -473,7 +471,7 @@ def _write_compile_record(
             "files": {i["path"]: [i["sha256_before"], i["sha256_after"]] for i in items},
         },
     )
-    return [], dropped
+    return dropped
 
 
 def _undo(
@@ -588,8 +586,8 @@ def op_revert(request: Dict[str, Any]) -> Dict[str, Any]:
             _replace(path, data, path if os.path.exists(path) else None)
             if n == 0:
                 _fault(request, "after-first-rename")
-        for relpath, path, _data in restore:
-            message = _compile(path)
+        for relpath, path, data in restore:
+            message = _compile(data, path)
             if message:
                 results[relpath]["compile_error"] = message
             results[relpath]["pycache_removed"] = _drop_pycache(path)

@@ -1,9 +1,9 @@
 """The remote side of ``fleet patch``: one on-host call per operation, one round trip each.
 
 The on-host script is ``fleet/onhost/patch.py`` (run by :func:`fleet.onhost.runner.run_onhost`
-with the host's own interpreter); see it for the write protocol (sha256 guard, backups and
-manifest first, temp + fsync + rename, py_compile, restore on failure). The answers are
-validated here with pydantic models.
+with the host's own interpreter); see it for the write protocol (sha256 guard, every new
+text compiled by the host's Python first, backups and manifest, temp + fsync + rename,
+restore on failure). The answers are validated here with pydantic models.
 """
 
 from __future__ import annotations

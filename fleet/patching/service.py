@@ -296,7 +296,9 @@ def apply_host(
     for e in result.compile_errors:
         r = by_path[e["path"]]
         r.status = "conflict"
-        r.conflict = Conflict(e["path"], f"py_compile failed on the host: {e['error']}")
+        r.conflict = Conflict(
+            e["path"], f"the host's Python cannot compile the new text: {e['error']}"
+        )
     for r in report.files:
         if r.status == "would-apply":
             r.sha256_after = r.sha256_before  # not written
@@ -313,7 +315,8 @@ def apply_host(
 def write_failed(host: str, result: remote.ApplyAnswer) -> OperationFailed:
     """The one-line failure of an apply the host had to undo (or could not fully undo)."""
     why = result.write_error or "; ".join(
-        f"{e['path']}: py_compile failed: {e['error']}" for e in result.compile_errors
+        f"{e['path']}: the host's Python cannot compile it: {e['error']}"
+        for e in result.compile_errors
     )
     unrestored = result.restore_errors
     if not unrestored:
@@ -371,7 +374,9 @@ def revert_host(
         if entry.get("forced"):
             report_file.note = "forced: the file had changed since it was patched"
         if entry.get("compile_error"):
-            report_file.note = f"restored, but py_compile says: {entry['compile_error']}"
+            report_file.note = (
+                f"restored, but the host's Python cannot compile it: {entry['compile_error']}"
+            )
         if with_diff and status in ("reverted", "would-revert") and rf and rf.text is not None:
             original = fetched.backups.get(path)
             report_file.diff = unified_diff(path, rf.text, original) if original else ""

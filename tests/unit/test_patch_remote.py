@@ -229,17 +229,19 @@ def test_killed_at_any_point_leaves_each_file_original_or_patched(
     assert back.ok and shas(pkg, patch_set) == original
 
 
-def test_compile_failure_restores_the_originals(
+def test_a_text_the_hosts_python_cannot_compile_is_never_written(
     host: tuple[LocalRunner, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn, pkg = host
     original = shas(pkg, patch_set)
+    touched = {p: (pkg / p).stat().st_mtime_ns for p in original if (pkg / p).exists()}
     monkeypatch.setenv(remote.FAULT_ENV, "compile-error")
     report = apply_host(conn, patch_set)
     assert not report.ok
-    assert "py_compile failed" in (report.message or "")
-    assert "originals were restored" in (report.message or "")
+    assert "the host's Python cannot compile the new text" in (report.message or "")
+    assert "nothing written" in (report.message or "")
     assert shas(pkg, patch_set) == original
+    assert {p: (pkg / p).stat().st_mtime_ns for p in touched} == touched  # never replaced
     assert not list((Path(conn.env["HOME"]) / ".fleet" / "patches").glob("eagle3-deepseek/*"))
 
 
@@ -403,6 +405,22 @@ def test_a_file_that_cannot_be_restored_stays_listed_for_revert(
     )
     assert "could not restore b.py (OSError: [Errno 28]" in message
     assert "/b" in message and "fleet patch --revert" in message
+
+
+def test_the_compile_check_is_the_interpreters_own() -> None:
+    """What the host's Python refuses to import is refused before anything is written."""
+    from fleet.onhost import patch as script
+
+    assert script._compile(b"def f(x):\n    return x\n", "/v/m.py") is None
+    assert script._compile(b"# -*- coding: latin-1 -*-\nname = '\xe9'\n", "/v/m.py") is None
+    bad = script._compile(b"def f(x):\n    return x +\n", "/v/m.py")
+    assert bad is not None and bad.startswith("SyntaxError: ") and "(line 2)" in bad
+    indent = script._compile(b"if True:\nx = 1\n", "/v/m.py")
+    assert indent is not None and indent.startswith("IndentationError: ")
+    nul = script._compile(b"x = 1\0\n", "/v/m.py")
+    assert nul is not None and "null" in nul.lower()
+    # the check is made without the caller's future imports (dont_inherit)
+    assert script._compile(b"def f(x: undefined_name) -> None: ...\n", "/v/m.py") is None
 
 
 # -- the fault hook: only from the request, never from the host's environment -------------
