@@ -14,7 +14,12 @@
 # waits: EOF on it means fleet is gone, and the watchdog (watch_fleet) ends the script and
 # the tools it started, unless the operation holds (hold_on_hangup: a write in progress).
 #
-# The script answers with ONE envelope on stdout (begin marker, base64 of zlib of JSON,
+# A script in a conversation (`converse` instead of `serve`, fleet.onhost.runner's
+# Conversation) answers its first request, then reads further requests from the held stdin
+# (each framed: its length, a newline, the encoded request; fleet sends one only after the
+# answer to the last) and answers each the same way, until stdin ends.
+#
+# The script answers each request with ONE envelope on stdout (begin marker, base64 of zlib of JSON,
 # end marker), so that a noisy shell start-up file cannot corrupt the answer:
 #
 #     {"schema": 1, "script": NAME, "result": {...}}              the operation ran
@@ -215,6 +220,7 @@ def emit(doc: Dict[str, Any]) -> None:
 
 
 HOLDING = [False]  # set by hold_on_hangup(): the operation finishes even without fleet
+IDLE = [False]  # a conversation waits for fleet's next request: EOF just ends it
 GRACE_S = 5.0
 
 
@@ -232,38 +238,57 @@ def _terminated(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def watch_fleet() -> None:
+def watch_fleet(requests: Any = None) -> bool:
     """End this script when fleet goes away, unless it holds (hold_on_hangup).
+
+    With ``requests`` (a queue: a conversation), the frames read from stdin are put on it,
+    then None at its end; the script is not ended when it is idle (waiting for one).
 
     fleet's loader (fleet.transport.shell.python) leaves stdin open as `_fleet_stdin`
     while fleet waits for the answer: EOF on it means fleet is gone (its timeout, Ctrl-C,
     an error, a dropped connection). Then the script gets SIGTERM, raised as SystemExit
     in the main thread, so `finally` blocks end the tools it started (their process
-    groups); if it is still alive after a grace period, it exits."""
+    groups); if it is still alive after a grace period, it exits. False: nobody watches
+    (no held stdin)."""
     held = globals().get("_fleet_stdin")
     if held is None:  # run some other way (python -): nobody to watch
-        return
+        return False
     import threading
 
     try:
         signal.signal(signal.SIGTERM, _terminated)
     except (AttributeError, ValueError):
-        return
+        return False
 
     try:
         fd = held.fileno()
     except (OSError, ValueError, AttributeError):
-        return
+        return False
 
     def wait() -> None:
         # the raw descriptor, never the buffered reader: its lock, held by a blocked
         # daemon thread, would stall the interpreter's shutdown
+        pending = b""
         try:
-            while os.read(fd, 65536):
-                pass
-        except OSError:
+            while True:
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                if requests is None:
+                    continue
+                pending += data
+                while b"\n" in pending:
+                    head, rest = pending.split(b"\n", 1)
+                    size = int(head)  # not a number: a broken frame ends the conversation
+                    if len(rest) < size:
+                        break
+                    requests.put(rest[:size].decode("ascii"))
+                    pending = rest[size:]
+        except (OSError, ValueError):
             pass
-        if HOLDING[0]:
+        if requests is not None:
+            requests.put(None)
+        if HOLDING[0] or IDLE[0]:
             return
         os.kill(os.getpid(), signal.SIGTERM)
         import time
@@ -272,6 +297,7 @@ def watch_fleet() -> None:
         os._exit(143)
 
     threading.Thread(target=wait, name="fleet-watchdog", daemon=True).start()
+    return True
 
 
 class Then:
@@ -290,8 +316,35 @@ def serve(
 
     Exit status: 0 when an answer was given (result or refusal), 1 on an unexpected fault,
     or the status of a `Then` operation's output step."""
-    doc: Dict[str, Any] = {"schema": SCHEMA, "script": script}
     watch_fleet()
+    return _answer(ops, encoded, script, then=True)
+
+
+def converse(
+    ops: Dict[str, Callable[[Dict[str, Any]], Any]], encoded: str, script: str = "script"
+) -> int:
+    """``serve`` the first request, then every request fleet sends on stdin, until its end.
+
+    Exit status: that of the last answer (see ``serve``)."""
+    import queue
+
+    requests: Any = queue.Queue()
+    watched = watch_fleet(requests)
+    status = _answer(ops, encoded, script, then=False)
+    while watched:
+        IDLE[0] = True
+        following = requests.get()
+        IDLE[0] = False
+        if following is None:
+            return status
+        status = _answer(ops, following, script, then=False)
+    return status
+
+
+def _answer(
+    ops: Dict[str, Callable[[Dict[str, Any]], Any]], encoded: str, script: str, then: bool
+) -> int:
+    doc: Dict[str, Any] = {"schema": SCHEMA, "script": script}
     try:
         request = decode(encoded)
         if not isinstance(request, dict):
@@ -300,6 +353,8 @@ def serve(
         if op is None:
             raise Refused("unknown operation " + repr(request.get("op")), "bad-request")
         out = op(request)
+        if isinstance(out, Then) and not then:
+            raise Refused("this operation cannot answer in a conversation", "bad-request")
         if isinstance(out, Then):
             doc["result"] = out.result
             emit(doc)

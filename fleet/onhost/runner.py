@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -31,7 +32,7 @@ from fleet.transport import shell
 
 if TYPE_CHECKING:
     from fleet.transport.connection import Result
-    from fleet.transport.runner import Runner
+    from fleet.transport.runner import Dialogue, Runner
 
 log = logging.getLogger(__name__)
 
@@ -309,9 +310,12 @@ def loader(name: str) -> str:
     )
 
 
-def with_request(name: str, request: dict[str, Any]) -> bytes:
-    """The bundle plus its one call: ``raise SystemExit(serve(OPS, "<request>", NAME))``."""
-    call = f"\nraise SystemExit(serve(OPS, {_common.encode(request)!r}, {name!r}))\n"
+def with_request(name: str, request: dict[str, Any], *, entry: str = "serve") -> bytes:
+    """The bundle plus its one call: ``raise SystemExit(serve(OPS, "<request>", NAME))``
+    (``entry="converse"``: a :class:`Conversation`'s first request)."""
+    if entry not in ("serve", "converse"):
+        raise ValueError(f"no on-host entry {entry!r}")
+    call = f"\nraise SystemExit({entry}(OPS, {_common.encode(request)!r}, {name!r}))\n"
     return (loader(name) + call).encode("utf-8")
 
 
@@ -381,14 +385,17 @@ def run_onhost(
     timeout: float | None = 120.0,
 ) -> M:
     """Run on-host script ``name`` with ``request`` and return its validated answer."""
-    raw = run_raw(conn, name, request, timeout=timeout)
+    return _validated(conn.host.name, name, run_raw(conn, name, request, timeout=timeout), answer)
+
+
+def _validated(host: str, name: str, raw: RawAnswer, answer: type[M]) -> M:
     try:
         return answer.model_validate(raw.result)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise OnhostError(
-            f"{conn.host.name}: the {name} script's answer does not match its schema "
+            f"{host}: the {name} script's answer does not match its schema "
             f"({where}: {first['msg']})"
         ) from None
 
@@ -404,6 +411,64 @@ def run_raw(
     log.debug("%s: on-host %s answered %d bytes", conn.host.name, name, len(res.stdout_bytes))
     result, body = answer_of(conn.host.name, name, res, python)
     return RawAnswer(result, body, res.exit_code, res.stderr)
+
+
+class Conversation:
+    """Several requests to one on-host script, answered by ONE process over one channel:
+    ``fleet patch`` reads a host's files, plans them here, then writes, in one process
+    start instead of two (``converse`` in ``_common.py``). The first :meth:`ask` starts the
+    script with its request; each later one sends only the request. Leaving the ``with``
+    block closes the script's stdin, which ends it (or, in a write, lets it finish)."""
+
+    def __init__(self, conn: Runner, name: str) -> None:
+        self.conn = conn
+        self.name = name
+        self.python = conn.host.python or "python3"
+        self._dialogue: Dialogue | None = None
+        self.asked = 0
+
+    def ask(self, request: dict[str, Any], answer: type[M], *, timeout: float | None = 120.0) -> M:
+        """Send ``request`` and return its validated answer (see :func:`run_onhost`)."""
+        return _validated(
+            self.conn.host.name, self.name, self.ask_raw(request, timeout=timeout), answer
+        )
+
+    def ask_raw(self, request: dict[str, Any], *, timeout: float | None = 120.0) -> RawAnswer:
+        host = self.conn.host.name
+        started = time.monotonic()
+        if self._dialogue is None:
+            self._dialogue = self.conn.dialogue(shell.python(self.python))
+            self._dialogue.send(shell.framed(with_request(self.name, request, entry="converse")))
+        elif self._dialogue.ended:
+            raise OnhostError(
+                f"{host}: the {self.name} script ended (exit {self._dialogue.exit_code}) "
+                "before the next request"
+            )
+        else:
+            self._dialogue.send(shell.framed(_common.encode(request).encode("ascii")))
+        self.asked += 1
+        stdout = self._dialogue.read_through(END.encode(), timeout=timeout)
+        res = self._dialogue.result(stdout)
+        log.debug(
+            "%s: on-host %s answered request %d in %.3fs, %d bytes",
+            host,
+            self.name,
+            self.asked,
+            time.monotonic() - started,
+            len(stdout),
+        )
+        result, body = answer_of(host, self.name, res, self.python)
+        return RawAnswer(result, body, res.exit_code, res.stderr)
+
+    def close(self) -> None:
+        if self._dialogue is not None:
+            self._dialogue.close()
+
+    def __enter__(self) -> Conversation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def executable(name: str, entry: str, python: str) -> str:

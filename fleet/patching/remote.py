@@ -1,4 +1,6 @@
-"""The remote side of ``fleet patch``: one on-host call per operation, one round trip each.
+"""The remote side of ``fleet patch``: one on-host call per operation, one round trip each;
+given a :class:`~fleet.onhost.runner.Conversation`, the calls of one host share one
+on-host process (fetch, then write).
 
 The on-host script is ``fleet/onhost/patch.py`` (run by :func:`fleet.onhost.runner.run_onhost`
 with the host's own interpreter); see it for the write protocol (sha256 guard, every new
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleet.onhost.runner import run_onhost
+from fleet.onhost.runner import Conversation, M, run_onhost
 
 if TYPE_CHECKING:
     from fleet.transport import Runner
@@ -95,17 +97,22 @@ class Fetched:
         return {p: (f.text if f.exists else None) for p, f in self.files.items()}
 
 
+def _ask(via: Runner | Conversation, request: dict[str, Any], answer: type[M], timeout: float) -> M:
+    if isinstance(via, Conversation):
+        return via.ask(request, answer, timeout=timeout)
+    return run_onhost(via, SCRIPT, request, answer, timeout=timeout)
+
+
 def fetch(
-    conn: Runner,
+    via: Runner | Conversation,
     patch_set: str,
     paths: list[str],
     *,
     with_backups: bool = False,
     backup_root: str = BACKUP_ROOT,
 ) -> Fetched:
-    answer = run_onhost(
-        conn,
-        SCRIPT,
+    answer = _ask(
+        via,
         {
             "op": "fetch",
             "patch_set": patch_set,
@@ -134,7 +141,7 @@ def _fault() -> str | None:
 
 
 def apply(
-    conn: Runner,
+    via: Runner | Conversation,
     fetched: Fetched,
     patch_set: str,
     items: list[dict[str, str]],
@@ -142,9 +149,8 @@ def apply(
     backup_root: str = BACKUP_ROOT,
 ) -> ApplyAnswer:
     """Write ``items`` (path, sha256_before, text_after, sha256_after): all or none."""
-    return run_onhost(
-        conn,
-        SCRIPT,
+    return _ask(
+        via,
         {
             "op": "apply",
             "patch_set": patch_set,
@@ -160,7 +166,7 @@ def apply(
 
 
 def revert(
-    conn: Runner,
+    via: Runner | Conversation,
     fetched: Fetched,
     patch_set: str,
     *,
@@ -168,9 +174,8 @@ def revert(
     check: bool,
     backup_root: str = BACKUP_ROOT,
 ) -> RevertAnswer:
-    return run_onhost(
-        conn,
-        SCRIPT,
+    return _ask(
+        via,
         {
             "op": "revert",
             "patch_set": patch_set,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleet.errors import OperationFailed
+from fleet.onhost.runner import Conversation
 from fleet.patching import remote
 from fleet.patching.engine import (
     Conflict,
@@ -246,9 +247,18 @@ def apply_host(
     with_diff: bool = False,
     backup_root: str = remote.BACKUP_ROOT,
 ) -> HostReport:
-    """Plan the patch set on the host's real files and, unless ``check``, write it."""
+    """Plan the patch set on the host's real files and, unless ``check``, write it: one
+    on-host process reads the files, waits while they are planned here, then writes."""
+    with Conversation(conn, remote.SCRIPT) as talk:
+        return _apply_host(talk, patch_set, check, with_diff, backup_root)
+
+
+def _apply_host(
+    talk: Conversation, patch_set: PatchSet, check: bool, with_diff: bool, backup_root: str
+) -> HostReport:
+    conn = talk.conn
     paths = [f.path for f in patch_set.manifest.files]
-    fetched = remote.fetch(conn, patch_set.name, paths, backup_root=backup_root)
+    fetched = remote.fetch(talk, patch_set.name, paths, backup_root=backup_root)
     plan = cached_plan(patch_set, fetched)
     _undecodable(fetched, plan)
     # the sha256 the host reported must be the text the engine saw
@@ -276,7 +286,7 @@ def apply_host(
         return report
 
     items = plan.write_items()
-    result = remote.apply(conn, fetched, patch_set.name, items, backup_root=backup_root)
+    result = remote.apply(talk, fetched, patch_set.name, items, backup_root=backup_root)
     if result.write_error:
         raise write_failed(conn.host.name, result)
     by_path = {r.path: r for r in report.files}
@@ -343,19 +353,21 @@ def revert_host(
     with_diff: bool = False,
     backup_root: str = remote.BACKUP_ROOT,
 ) -> HostReport:
-    """Restore the byte-identical originals kept on the host by an earlier apply."""
+    """Restore the byte-identical originals kept on the host by an earlier apply (one
+    on-host process reads, then restores)."""
     paths = [f.path for f in patch_set.manifest.files]
-    fetched = remote.fetch(
-        conn, patch_set.name, paths, with_backups=with_diff, backup_root=backup_root
-    )
-    result = remote.revert(
-        conn,
-        fetched,
-        patch_set.name,
-        force=force,
-        check=check or with_diff,
-        backup_root=backup_root,
-    )
+    with Conversation(conn, remote.SCRIPT) as talk:
+        fetched = remote.fetch(
+            talk, patch_set.name, paths, with_backups=with_diff, backup_root=backup_root
+        )
+        result = remote.revert(
+            talk,
+            fetched,
+            patch_set.name,
+            force=force,
+            check=check or with_diff,
+            backup_root=backup_root,
+        )
     done: dict[str, dict[str, Any]] = result.files
     files: list[FileReport] = []
     for path in [*paths, *sorted(set(done) - set(paths))]:

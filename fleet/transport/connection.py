@@ -38,7 +38,7 @@ import paramiko
 from fleet.errors import ConnectError, HostKeyError, OperationFailed
 from fleet.transport import shell
 from fleet.transport.hostkeys import UnknownHostKey, fingerprint, strict_client
-from fleet.transport.runner import Result, command_text, log_command, split_lines
+from fleet.transport.runner import Dialogue, Result, command_text, log_command, split_lines
 from fleet.transport.wake import wait_step
 
 if TYPE_CHECKING:
@@ -276,6 +276,15 @@ class HostConnection:
         finally:
             _close(chan)
 
+    def dialogue(self, command: shell.Held) -> Dialogue:
+        """``command`` with its stdin held for more input (see
+        :class:`~fleet.transport.runner.Dialogue`); a dropped connection raises
+        :class:`ConnectionLost`."""
+        if not isinstance(command, shell.Held):
+            raise TypeError("a dialogue runs a Held command (it reads its own stdin)")
+        log.debug("%s: dialogue: %s", self.host.name, shell.masked(command)[:500])
+        return _ChannelDialogue(self.host.name, command, self._open_channel(command, None))
+
     def open_tcp(self, port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> Any:
         """A direct-tcpip channel to ``host:port`` as the host sees it (nothing needs to
         be reachable from the control machine). Refused (nothing listens, as during a
@@ -300,6 +309,60 @@ class HostConnection:
                 conn.close()
             except Exception:
                 pass
+
+
+class _ChannelDialogue(Dialogue):
+    """A :class:`~fleet.transport.runner.Dialogue` over one SSH channel."""
+
+    def __init__(self, host: str, command: shell.Command, chan: paramiko.Channel) -> None:
+        super().__init__(host, command)
+        self.chan = chan
+
+        def pump() -> None:
+            try:
+                while block := chan.recv_stderr(65536):
+                    self._err.append(block)
+            except Exception:  # the channel closed: stdout's end says what happened
+                pass
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def _lost(self, exc: BaseException | None = None) -> ConnectionLost:
+        why = f": {exc}" if exc is not None and str(exc) else ""
+        return ConnectionLost(
+            self.host, f"connection lost while running {_short(shell.masked(self.command))}{why}"
+        )
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except OSError as exc:
+            if not self.chan.exit_status_ready():  # else: it ended first, its status tells
+                raise self._lost(exc) from None
+        except (paramiko.SSHException, EOFError) as exc:
+            raise self._lost(exc) from None
+
+    def _read(self, deadline: float | None) -> bytes:
+        try:
+            return _recv(self.chan, deadline)
+        except TimeoutError:
+            raise
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise self._lost(exc) from None
+
+    def _exit_status(self, deadline: float | None) -> int:
+        while not self.chan.status_event.is_set():
+            step = wait_step(deadline)
+            if step is not None and step <= 0:
+                raise TimeoutError()
+            self.chan.status_event.wait(step)
+        code = self.chan.recv_exit_status()
+        if code == -1:  # closed without an exit status: the connection dropped
+            raise self._lost()
+        return code
+
+    def close(self) -> None:
+        _close(self.chan)
 
 
 def _recv(chan: paramiko.Channel, deadline: float | None) -> bytes:

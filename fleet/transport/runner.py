@@ -60,6 +60,99 @@ class Result:
         return self
 
 
+class Dialogue:
+    """A command that goes on reading its stdin while it answers: :meth:`send` input,
+    :meth:`read_through` its stdout up to a marker, send again. One process and one
+    channel serve several requests (``fleet patch`` reads, plans on this machine, then
+    writes). Closing it closes the command's stdin: the host then ends what it started, as
+    for every command (:mod:`fleet.transport.shell`). Subclasses move the bytes."""
+
+    def __init__(self, host: str, command: shell.Command) -> None:
+        self.host = host
+        self.command = command
+        self.ended = False  # stdout reached its end (then ``exit_code`` is known)
+        self.exit_code: int | None = None
+        self.started = time.monotonic()
+        self._buffer = bytearray()
+        self._err: list[bytes] = []
+
+    @property
+    def stderr_bytes(self) -> bytes:
+        return b"".join(self._err)
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin (all of it)."""
+        self._write(data)
+
+    def read_through(self, marker: bytes, *, timeout: float | None) -> bytes:
+        """Stdout from where the last read stopped through the end of the first line that
+        holds ``marker``; at the end of stdout before any marker, what is left (and
+        ``ended``). Past ``timeout`` the dialogue is closed and :class:`OperationFailed`
+        (``command-timeout``) raised."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        searched = 0
+        while True:
+            at = self._buffer.find(marker, searched)
+            if at >= 0:
+                eol = self._buffer.find(b"\n", at + len(marker))
+                if eol >= 0 or self.ended:
+                    cut = len(self._buffer) if eol < 0 else eol + 1
+                    out = bytes(self._buffer[:cut])
+                    del self._buffer[:cut]
+                    return out
+            else:
+                searched = max(0, len(self._buffer) - len(marker) + 1)
+            if self.ended:
+                out = bytes(self._buffer)
+                self._buffer.clear()
+                return out
+            try:
+                chunk = self._read(deadline)
+                if not chunk:
+                    self.exit_code = self._exit_status(deadline)
+                    self.ended = True
+            except TimeoutError:
+                self.close()
+                raise OperationFailed(
+                    f"{self.host}: command timed out after {timeout:.0f}s: "
+                    f"{shell.masked(self.command)[:80]}",
+                    code="command-timeout",
+                ) from None
+            self._buffer += chunk
+
+    def result(self, stdout: bytes) -> Result:
+        """``stdout`` of one turn as a :class:`Result` (exit 0 while the command runs)."""
+        return Result(
+            host=self.host,
+            command=self.command,
+            exit_code=self.exit_code if self.exit_code is not None else 0,
+            stdout_bytes=stdout,
+            stderr_bytes=self.stderr_bytes,
+            duration_s=time.monotonic() - self.started,
+            bytes_received=len(stdout),
+        )
+
+    def __enter__(self) -> Dialogue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # what a subclass provides
+    def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _read(self, deadline: float | None) -> bytes:
+        """The next stdout bytes, b"" at its end; :class:`TimeoutError` at ``deadline``."""
+        raise NotImplementedError
+
+    def _exit_status(self, deadline: float | None) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
 class Runner(Protocol):
     """A host fleet can run commands on."""
 
@@ -87,6 +180,8 @@ class Runner(Protocol):
     ) -> Generator[bytes, None, None]: ...
 
     def open_tcp(self, port: int, *, host: str = "127.0.0.1", timeout: float = 10.0) -> Any: ...
+
+    def dialogue(self, command: shell.Held) -> Dialogue: ...
 
 
 def command_text(command: shell.Command | Sequence[str]) -> shell.Command:
@@ -244,6 +339,23 @@ class LocalRunner:
             proc.wait()
             proc.stdout.close()
 
+    def dialogue(self, command: shell.Held) -> Dialogue:
+        """``command`` with its stdin held for more input (see :class:`Dialogue`)."""
+        if not isinstance(command, shell.Held):
+            raise TypeError("a dialogue runs a Held command (it reads its own stdin)")
+        self.commands_run += 1
+        self.commands.append(command)
+        proc = subprocess.Popen(
+            [self.login_shell, "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.cwd,
+            env=self.env,
+            start_new_session=True,
+        )
+        return _ProcessDialogue(self.host.name, command, proc)
+
     def connect(self, host: HostSpec | None = None) -> LocalRunner:
         """This runner, as a session's connection to its one host (tests, local use)."""
         return self
@@ -326,6 +438,92 @@ def split_lines(chunks: Iterator[bytes], max_line: int = MAX_LINE_BYTES) -> Iter
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
+
+
+class _ProcessDialogue(Dialogue):
+    """A :class:`Dialogue` with a local process (:meth:`LocalRunner.dialogue`)."""
+
+    def __init__(self, host: str, command: shell.Command, proc: subprocess.Popen[bytes]) -> None:
+        import threading
+
+        super().__init__(host, command)
+        self.proc = proc
+        assert proc.stderr is not None
+
+        def pump(fd: int) -> None:
+            while block := os.read(fd, 65536):
+                self._err.append(block)
+
+        self._pump = threading.Thread(target=pump, args=(proc.stderr.fileno(),), daemon=True)
+        self._pump.start()
+
+    def _write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass  # it ended before reading its input: its exit status says what happened
+
+    def _read(self, deadline: float | None) -> bytes:
+        import select
+
+        from fleet.transport.wake import wait_step
+
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while True:
+            step = wait_step(deadline)
+            if step is not None and step <= 0:
+                raise TimeoutError()
+            ready, _w, _x = select.select([fd], [], [], step)
+            if ready:
+                return os.read(fd, 65536)
+
+    def _exit_status(self, deadline: float | None) -> int:
+        left = None if deadline is None else max(0.01, deadline - time.monotonic())
+        try:
+            code = self.proc.wait(left)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError() from None
+        self._pump.join(5.0)
+        return code if code >= 0 else 128 - code
+
+    def close(self) -> None:
+        """Close stdin and return, as closing an SSH channel does: EOF ends an idle
+        script at once and a holding write when it is done (fleet/onhost/_common.py); a
+        thread reaps it, and ends only one that outlives all that."""
+        import threading
+
+        proc = self.proc
+        if proc.stdin is not None and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+        if proc.poll() is not None:
+            self._reap()
+        else:
+            threading.Thread(target=self._reap, name="fleet-reap", daemon=True).start()
+
+    def _reap(self) -> None:
+        import signal
+
+        proc = self.proc
+        for sig, grace in ((None, 10.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+            if sig is not None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    break
+            try:
+                proc.wait(grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def _exchange(

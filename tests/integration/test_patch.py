@@ -105,8 +105,11 @@ def test_apply_again_revert_apply_across_versions(sandbox: Sandbox) -> None:
     assert {h: p["files"] for h, p in after_dry.items()} == original
     assert all(p["backups"] is None for p in after_dry.values())
 
-    # apply: the JSON contract, and the hosts really carry the planned sha256
+    # apply: the JSON contract, and the hosts really carry the planned sha256; every host
+    # was read, planned and written through one connection and ONE remote process
+    marks = sandbox.log_marks()
     applied = run_json(sandbox, "--host", "all")
+    assert remote_work(sandbox, marks) == {h.name: (1, 1) for h in sandbox.hosts}
     now = shas(sandbox)
     for host, report in applied.items():
         assert report["ok"] is True and report["vllm_version"] == versions[host]
@@ -136,8 +139,10 @@ def test_apply_again_revert_apply_across_versions(sandbox: Sandbox) -> None:
         assert set(files.values()) <= {"already-applied", "not-needed"}
         assert (versions[host] == "0.18.0") or ("already-applied" in files.values())
 
-    # revert: byte-identical originals, backups gone
+    # revert: byte-identical originals, backups gone (one process per host again)
+    marks = sandbox.log_marks()
     reverted = run_json(sandbox, "--host", "all", "--revert")
+    assert remote_work(sandbox, marks) == {h.name: (1, 1) for h in sandbox.hosts}
     assert shas(sandbox) == original
     assert all(p["backups"] is None for p in probe(sandbox).values())
     for host, files in statuses(reverted).items():
@@ -147,6 +152,16 @@ def test_apply_again_revert_apply_across_versions(sandbox: Sandbox) -> None:
     # and apply once more
     run_json(sandbox, "--host", "all")
     assert shas(sandbox) == now
+
+
+def remote_work(box: Sandbox, marks: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Per host, since ``marks``: (SSH connections accepted, sessions started), as sshd
+    logged them (every remote command is one session)."""
+    out = {}
+    for h in box.hosts:
+        log = box.sshd_log(h.name)[marks[h.name] :]
+        out[h.name] = (log.count("Accepted publickey"), log.count("Starting session: "))
+    return out
 
 
 def _host_of(versions: dict[str, str], version: str) -> str:
