@@ -234,7 +234,45 @@ def hold_on_hangup() -> None:
         pass
 
 
+# The process groups a script starts for its tools (start_group). When fleet goes away
+# they end with the script, even when it cannot run its own clean-up in time.
+CHILDREN: List[Any] = []
+_SPAWNING = [False]
+_DEFERRED = [0]  # a SIGTERM that arrived while a child was being started
+
+
+def start_group(argv: List[str], **kwargs: Any) -> Any:
+    """``subprocess.Popen(argv, start_new_session=True, **kwargs)``, registered in CHILDREN
+    before fleet's SIGTERM can interrupt: a signal that arrives while the child is started
+    takes effect once it is registered (so it is ended too, never orphaned)."""
+    import subprocess
+
+    _SPAWNING[0] = True
+    try:
+        proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+        CHILDREN.append(proc)
+    finally:
+        _SPAWNING[0] = False
+    if _DEFERRED[0]:
+        _terminated(_DEFERRED[0], None)
+    return proc
+
+
+def end_children() -> None:
+    """SIGKILL every registered process group that has not been reaped."""
+    for proc in list(CHILDREN):
+        if getattr(proc, "returncode", None) is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def _terminated(signum: int, frame: Any) -> None:
+    if _SPAWNING[0]:
+        _DEFERRED[0] = signum
+        return
+    end_children()
     raise SystemExit(128 + signum)
 
 
@@ -290,10 +328,16 @@ def watch_fleet(requests: Any = None) -> bool:
             requests.put(None)
         if HOLDING[0] or IDLE[0]:
             return
-        os.kill(os.getpid(), signal.SIGTERM)
+        # to the main thread itself: Python runs the handler there, and a process-wide
+        # signal could land in this thread while the main thread sleeps in a wait
+        try:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+        except (AttributeError, OSError, ValueError):
+            os.kill(os.getpid(), signal.SIGTERM)
         import time
 
         time.sleep(GRACE_S)
+        end_children()  # its clean-up did not run in time: end its tools all the same
         os._exit(143)
 
     threading.Thread(target=wait, name="fleet-watchdog", daemon=True).start()

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from fleet.onhost._common import Refused, Then, inside, require_vllm
+from fleet.onhost._common import CHILDREN, Refused, Then, inside, require_vllm, start_group
 
 EXIT_TIME_LIMIT = 124
 EXIT_OUTPUT_LIMIT = 123
@@ -77,9 +77,7 @@ def _pass_through(argv: List[str], cwd: str, limit_s: float, max_lines: Optional
     """Run argv, copy its stdout to ours (at most max_lines lines and MAX_OUTPUT bytes),
     end it at the time limit; the tool's memory is limited (TOOL_MEMORY)."""
     with _memory_limit(TOOL_MEMORY):
-        proc = subprocess.Popen(
-            argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True
-        )
+        proc = start_group(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     deadline = time.monotonic() + limit_s
     out = sys.stdout.buffer
@@ -134,6 +132,7 @@ def _pass_through(argv: List[str], cwd: str, limit_s: float, max_lines: Optional
                 pass
         code = proc.wait()
         proc.stdout.close()
+        CHILDREN.remove(proc)
     return code if status is None else status
 
 
