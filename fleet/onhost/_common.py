@@ -203,7 +203,12 @@ def inside(root: str, relpath: str) -> str:
 
 
 def encode(obj: Any) -> str:
-    return base64.b64encode(zlib.compress(json.dumps(obj).encode("utf-8"), 6)).decode("ascii")
+    return encode_json(json.dumps(obj).encode("utf-8"))
+
+
+def encode_json(text: bytes) -> str:
+    """``encode`` of an object already dumped to JSON ``text``."""
+    return base64.b64encode(zlib.compress(text, 6)).decode("ascii")
 
 
 def decode(text: str) -> Any:

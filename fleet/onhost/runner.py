@@ -310,12 +310,38 @@ def loader(name: str) -> str:
     )
 
 
+# A fan-out sends the same request to many hosts (``fleet patch`` the same new texts to a
+# fleet of identical hosts): its compression, most of the client's work per host for a
+# large request, is done once. Keyed by the request's JSON text; a few recent ones kept.
+_ENCODED: dict[bytes, str] = {}
+_ENCODED_LOCK = threading.Lock()
+_ENCODED_KEEP = 8
+_ENCODE_CACHE_FROM = 16 * 1024  # bytes of JSON: smaller requests are not worth a lookup
+
+
+def encoded(request: dict[str, Any]) -> str:
+    """``_common.encode(request)``, computed once for a request sent to many hosts."""
+    text = json.dumps(request).encode("utf-8")
+    if len(text) < _ENCODE_CACHE_FROM:
+        return _common.encode_json(text)
+    key = hashlib.sha256(text).digest()
+    with _ENCODED_LOCK:
+        found = _ENCODED.get(key)
+    if found is None:
+        found = _common.encode_json(text)
+        with _ENCODED_LOCK:
+            while len(_ENCODED) >= _ENCODED_KEEP:
+                del _ENCODED[next(iter(_ENCODED))]
+            _ENCODED[key] = found
+    return found
+
+
 def with_request(name: str, request: dict[str, Any], *, entry: str = "serve") -> bytes:
     """The bundle plus its one call: ``raise SystemExit(serve(OPS, "<request>", NAME))``
     (``entry="converse"``: a :class:`Conversation`'s first request)."""
     if entry not in ("serve", "converse"):
         raise ValueError(f"no on-host entry {entry!r}")
-    call = f"\nraise SystemExit({entry}(OPS, {_common.encode(request)!r}, {name!r}))\n"
+    call = f"\nraise SystemExit({entry}(OPS, {encoded(request)!r}, {name!r}))\n"
     return (loader(name) + call).encode("utf-8")
 
 
@@ -445,7 +471,7 @@ class Conversation:
                 "before the next request"
             )
         else:
-            self._dialogue.send(shell.framed(_common.encode(request).encode("ascii")))
+            self._dialogue.send(shell.framed(encoded(request).encode("ascii")))
         self.asked += 1
         stdout = self._dialogue.read_through(END.encode(), timeout=timeout)
         res = self._dialogue.result(stdout)

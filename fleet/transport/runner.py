@@ -481,11 +481,17 @@ class _ProcessDialogue(Dialogue):
                 return os.read(fd, 65536)
 
     def _exit_status(self, deadline: float | None) -> int:
-        left = None if deadline is None else max(0.01, deadline - time.monotonic())
-        try:
-            code = self.proc.wait(left)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError() from None
+        from fleet.transport.wake import wait_step
+
+        while True:
+            step = wait_step(deadline)
+            if step is not None and step <= 0:
+                raise TimeoutError()
+            try:
+                code = self.proc.wait(step)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         self._pump.join(5.0)
         return code if code >= 0 else 128 - code
 

@@ -202,3 +202,27 @@ def test_python_command_quotes_the_interpreter_for_any_shell() -> None:
         "sh -c 'exec '\\''/env/bin/python'\\'' -c '\\''import sys;"
     )
     assert shell.python("~/env/bin/python").startswith('sh -c \'exec "$HOME"/')
+
+
+def test_a_large_request_sent_to_many_hosts_is_compressed_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fleet.onhost import _common
+
+    calls: list[int] = []
+    real = _common.encode_json
+
+    def counted(text: bytes) -> str:
+        calls.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(_common, "encode_json", counted)
+    big = {"op": "apply", "files": [{"path": "a.py", "text_after": "x = 1\n" * 20_000}]}
+    first = [runner.encoded(dict(big)) for _ in range(5)]
+    assert len(calls) == 1 and len(set(first)) == 1
+    assert _common.decode(first[0]) == big
+    other = dict(big, op="revert")  # another request is encoded on its own
+    assert _common.decode(runner.encoded(other)) == other and len(calls) == 2
+    small = {"op": "fetch"}  # small ones are not kept
+    assert runner.encoded(small) == runner.encoded(small) and len(calls) == 4
+    assert runner.encoded(big) == first[0] and len(calls) == 4
