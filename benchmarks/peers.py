@@ -33,7 +33,10 @@ Each measurement is the median of ``--runs`` rounds after a warm-up round; the t
 round run one after the other in an order rotated every round (interleaved: a busy
 period hits every tool alike). Wall time, and control-machine CPU: user+sys of the
 tool's whole process tree (a cpuacct cgroup per run, so ssh ControlPersist masters and
-forked workers count; the hosts' sshd and remote work do not), both also per host.
+forked workers count; the hosts' sshd and remote work do not), both also per host; and
+host CPU per host: every process on the hosts during the run (the sshd listeners sit in
+a cpuacct cgroup of their own, so each connection's sshd, shells, Pythons and tools are
+counted), which on this machine shares the same cores as the tool.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ PEER_PACKAGES = ("ansible-core", "pyinfra")
 WAN_ADDRESS = "127.0.0.2"
 WAN_DELAY_MS = 20.0
 CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
+HOST_SETTLE_S = 0.3
 RUN_TIMEOUT = 1800.0
 GPUS_PER_HOST = 8
 EAGLE3_CLASSES = (
@@ -145,6 +149,7 @@ class Run:
     rc: int
     out: str
     err: str
+    host_cpu: float = float("nan")  # CPU of every process on the hosts during the run
 
     @property
     def cpu(self) -> float:
@@ -162,6 +167,35 @@ class Meter:
     def __init__(self) -> None:
         self.cgroups = self._cgroups_work()
         self.serial = 0
+        self.hosts_group: Path | None = None
+
+    def watch_hosts(self, pids: Sequence[int]) -> None:
+        """The hosts' sshd listeners in a cgroup of their own: every process a connection
+        makes on a host (sshd's children, the shells, Pythons and tools they start) is
+        counted as the hosts' CPU of the run that made it (``Run.host_cpu``)."""
+        if not self.cgroups:
+            return
+        group = CGROUP_ROOT / f"fleet-bench-{os.getpid()}-hosts"
+        group.mkdir(exist_ok=True)
+        for pid in pids:
+            with contextlib.suppress(OSError), open(group / "cgroup.procs", "w") as fh:
+                fh.write(str(pid))
+        self.hosts_group = group
+
+    def release_hosts(self) -> None:
+        group, self.hosts_group = self.hosts_group, None
+        if group is None:
+            return
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError), open(CGROUP_ROOT / "cgroup.procs", "w") as fh:
+                fh.write(pid)
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+    def _hosts_usage(self) -> float:
+        if self.hosts_group is None:
+            return float("nan")
+        return int((self.hosts_group / "cpuacct.usage").read_text()) / 1e9
 
     @staticmethod
     def _cgroups_work() -> bool:
@@ -194,6 +228,7 @@ class Meter:
                     fh.write(str(os.getpid()))
 
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        hosts_before = self._hosts_usage()
         started = time.perf_counter()
         proc = subprocess.Popen(
             list(argv),
@@ -210,6 +245,9 @@ class Meter:
             proc.kill()
             out, err = proc.communicate()
         wall = time.perf_counter() - started
+        if self.hosts_group is not None:
+            time.sleep(HOST_SETTLE_S)  # what the hosts still do for the connections it closed
+        hosts_after = self._hosts_usage()
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         if group is not None:
             user = int((group / "cpuacct.usage_user").read_text()) / 1e9
@@ -225,6 +263,7 @@ class Meter:
             proc.returncode,
             out.decode("utf-8", "replace"),
             err.decode("utf-8", "replace"),
+            hosts_after - hosts_before,
         )
 
     @staticmethod
@@ -813,12 +852,13 @@ def table_rows(
     fc = fleet.median("cpu") if fleet else float("nan")
     for tool, s in series.items():
         if s.failure:
-            rows.append(f"| {label} | {tool} | FAILED: {s.failure[:120]} | | | | |")
+            rows.append(f"| {label} | {tool} | FAILED: {s.failure[:120]} | | | | | |")
             continue
-        wall, cpu = s.median("wall"), s.median("cpu")
+        wall, cpu, host_cpu = s.median("wall"), s.median("cpu"), s.median("host_cpu")
         rows.append(
             f"| {label} | {tool} | {fmt_s(wall)} | {fmt_s(wall / hosts)} | {fmt_s(cpu)} | "
-            f"{fmt_s(cpu / hosts)} | {ratio(wall, fw) if tool != 'fleet' else '1x'} |"
+            f"{fmt_s(cpu / hosts)} | {fmt_s(host_cpu / hosts)} | "
+            f"{ratio(wall, fw) if tool != 'fleet' else '1x'} |"
         )
     if fleet and not fleet.failure:
         for tool, s in series.items():
@@ -850,7 +890,7 @@ def table_rows(
 
 HEADER = (
     "| work | tool | wall (median) | wall / host | control CPU (median) | CPU / host "
-    "| wall vs fleet |\n|---|---|---|---|---|---|---|"
+    "| host CPU / host | wall vs fleet |\n|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -900,6 +940,15 @@ def render(doc: dict[str, Any]) -> str:
 
 
 # -- main -------------------------------------------------------------------------------------
+
+
+def sshd_pids(box: Sandbox) -> list[int]:
+    """The listening sshd of each local sandbox host (``hosts/<name>/sshd.pid``)."""
+    pids = []
+    for host in box.hosts:
+        with contextlib.suppress(OSError, ValueError):
+            pids.append(int((Path(host.home).parent / "sshd.pid").read_text().split()[0]))
+    return pids
 
 
 def fleet_argv() -> list[str]:
@@ -967,6 +1016,7 @@ def main() -> int:
                 root / f"sandbox-{size}", hosts=size, versions=[VERSION], load_seconds=1
             )
             say(f"sandbox up took {time.perf_counter() - started:.1f} s")
+            meter.watch_hosts(sshd_pids(box))
             try:
                 for name in scenarios:
                     sc = build_scenario(box, name, root / f"scenario-{size}")
@@ -987,7 +1037,8 @@ def main() -> int:
                             rows, _ = table_rows("facts (inspect)", res, size, block["targets"])
                             block["rows"] += rows
                             block["raw"]["facts"] = {
-                                t: [[r.wall, r.cpu] for r in s.runs] for t, s in res.items()
+                                t: [[r.wall, r.cpu, r.host_cpu] for r in s.runs]
+                                for t, s in res.items()
                             }
                         if "patch" in work:
                             only = [t for t in PATCH_TOOLS if not args.tool or t in args.tool]
@@ -997,12 +1048,14 @@ def main() -> int:
                                 rows, _ = table_rows(f"patch: {step}", per, size, block["targets"])
                                 block["rows"] += rows
                                 block["raw"][f"patch {step}"] = {
-                                    t: [[r.wall, r.cpu] for r in s.runs] for t, s in per.items()
+                                    t: [[r.wall, r.cpu, r.host_cpu] for r in s.runs]
+                                    for t, s in per.items()
                                 }
                         block["load_after"] = load()
                         doc["blocks"].append(block)
                         print(render({**doc, "blocks": [block], "startup": None}), flush=True)
             finally:
+                meter.release_hosts()
                 box.down(purge=True)
     text = render(doc)
     print("\n## Results\n")
