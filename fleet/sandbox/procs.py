@@ -67,6 +67,17 @@ def parent_map() -> dict[int, int]:
     return parents
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended: a zombie (ended, not yet reaped by
+    its parent) is not running."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return False
+    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` in the process tree (children first, breadth-first)."""
     children: dict[int, list[int]] = {}

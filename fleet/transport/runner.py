@@ -252,17 +252,7 @@ class LocalRunner:
         held = isinstance(cmd, shell.Held) or data is None
         sent = cmd if data is not None or isinstance(cmd, shell.Held) else shell.guarded(cmd)
         started = time.monotonic()
-        self.commands_run += 1
-        self.commands.append(cmd)
-        proc = subprocess.Popen(
-            [self.login_shell, "-c", sent],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=self.cwd,
-            env=self.env,
-            start_new_session=True,
-        )
+        proc = self._start(cmd, sent, stderr=subprocess.PIPE)
         out, err, timed_out = _exchange(proc, data or b"", hold=held, timeout=timeout)
         if timed_out:
             raise OperationFailed(
@@ -302,17 +292,7 @@ class LocalRunner:
         import signal
 
         cmd = command_text(command)
-        self.commands_run += 1
-        self.commands.append(cmd)
-        proc = subprocess.Popen(
-            [self.login_shell, "-c", shell.guarded(cmd, stdin_open=True)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            cwd=self.cwd,
-            env=self.env,
-            start_new_session=True,
-        )
+        proc = self._start(cmd, shell.guarded(cmd, stdin_open=True), stderr=subprocess.DEVNULL)
         assert proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
@@ -343,18 +323,23 @@ class LocalRunner:
         """``command`` with its stdin held for more input (see :class:`Dialogue`)."""
         if not isinstance(command, shell.Held):
             raise TypeError("a dialogue runs a Held command (it reads its own stdin)")
+        proc = self._start(command, command, stderr=subprocess.PIPE)
+        return _ProcessDialogue(self.host.name, command, proc)
+
+    def _start(self, cmd: shell.Command, sent: str, *, stderr: int) -> subprocess.Popen[bytes]:
+        """``<login shell> -c sent`` as sshd starts a command (its own session, stdin and
+        stdout piped), counted as the run of ``cmd``."""
         self.commands_run += 1
-        self.commands.append(command)
-        proc = subprocess.Popen(
-            [self.login_shell, "-c", command],
+        self.commands.append(cmd)
+        return subprocess.Popen(
+            [self.login_shell, "-c", sent],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=stderr,
             cwd=self.cwd,
             env=self.env,
             start_new_session=True,
         )
-        return _ProcessDialogue(self.host.name, command, proc)
 
     def connect(self, host: HostSpec | None = None) -> LocalRunner:
         """This runner, as a session's connection to its one host (tests, local use)."""
@@ -516,20 +501,26 @@ class _ProcessDialogue(Dialogue):
         import signal
 
         proc = self.proc
-        for sig, grace in ((None, 10.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-            if sig is not None:
-                try:
-                    os.killpg(proc.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    break
-            try:
-                proc.wait(grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        _end_group(proc, ((None, 10.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)))
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def _end_group(proc: subprocess.Popen[bytes], steps: tuple[tuple[int | None, float], ...]) -> None:
+    """Wait for ``proc`` to end, first sending its process group each step's signal (None:
+    none) and then waiting that step's grace, until it has ended."""
+    for sig, grace in steps:
+        if sig is not None:
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+        try:
+            proc.wait(grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _exchange(
@@ -582,16 +573,7 @@ def _exchange(
         except (BrokenPipeError, OSError, ValueError):
             pass
         if timed_out or proc.poll() is None:
-            for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    break
-                try:
-                    proc.wait(grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            _end_group(proc, ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)))
     for thread in threads[:2]:
         thread.join(None if not timed_out else 5.0)
     threads[2].join(1.0)

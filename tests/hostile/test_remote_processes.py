@@ -24,6 +24,7 @@ import pytest
 from hostile_support import SCALE, Tally, leftovers, remote_processes
 
 from fleet.errors import OperationFailed
+from fleet.sandbox.procs import running
 
 pytestmark = pytest.mark.integration
 
@@ -76,12 +77,7 @@ def _fleet(box: Any, args: list[str]) -> subprocess.Popen[str]:
 
 
 def _alive(proc: subprocess.Popen[str]) -> bool:
-    try:
-        with open(f"/proc/{proc.pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return False
-    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
+    return running(proc.pid)
 
 
 def _finish(proc: subprocess.Popen[str]) -> tuple[str, str] | None:

@@ -19,6 +19,7 @@ from fleet.errors import OperationFailed
 from fleet.inventory import HostSpec
 from fleet.onhost import runner
 from fleet.patching import remote
+from fleet.sandbox.procs import running
 from fleet.sandbox.vllm_source import vllm_tree
 from fleet.transport import LocalRunner
 
@@ -43,20 +44,11 @@ def _pid(talk: runner.Conversation) -> int:
     return int(dialogue.proc.pid)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return False
-    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
-
-
 def _ends(pid: int, within: float) -> float | None:
     """Seconds until process ``pid`` has ended, None if it outlives ``within``."""
     started = time.monotonic()
     while time.monotonic() - started < within:
-        if not _alive(pid):
+        if not running(pid):
             return time.monotonic() - started
         time.sleep(0.02)
     return None
@@ -82,7 +74,7 @@ def test_one_process_answers_every_request_and_ends_with_its_stdin(conn: LocalRu
         with pytest.raises(runner.Refusal, match="unknown operation"):
             talk.ask_raw({"op": "no-such-op"}, timeout=60)
         again = talk.ask(FETCH, remote.FetchAnswer, timeout=60)
-        assert _pid(talk) == pid and _alive(pid)
+        assert _pid(talk) == pid and running(pid)
         closing = time.monotonic()
     assert conn.commands_run == 1
     assert again.package_dir == first["package_dir"] and again.version == "0.17.0"
@@ -115,7 +107,7 @@ def test_a_request_past_its_timeout_fails_and_a_write_still_finishes(
         assert time.monotonic() - started < 2.5
     # a write holds (fleet/onhost/_common.py hold_on_hangup): its stdin's end does not cut
     # it; the process ends when it is done (the 3 s pause), not before and not much later
-    assert _alive(pid)
+    assert running(pid)
     assert _ends(pid, within=8.0) is not None
     assert 2.5 < time.monotonic() - started < 8.0
 

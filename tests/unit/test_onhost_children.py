@@ -14,6 +14,7 @@ import sys
 import time
 
 from fleet.onhost import runner
+from fleet.sandbox.procs import running
 
 COMMON = runner.bundle("_common").text
 
@@ -53,19 +54,10 @@ print("not ended", flush=True)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return False
-    return raw[raw.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
-
-
 def _gone_within(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not running(pid):
             return True
         time.sleep(0.02)
     return False
@@ -85,7 +77,7 @@ def test_a_sigterm_while_a_tool_starts_ends_the_tool_too() -> None:
         assert out[1:] == ["exit", "143"] and code == 143
         assert _gone_within(pid, 5.0), f"sleep {pid} outlived the script"
     finally:
-        if _alive(pid):
+        if running(pid):
             subprocess.run(["kill", "-9", str(pid)], check=False)
 
 
@@ -96,5 +88,5 @@ def test_the_watchdogs_last_resort_ends_the_tools_too() -> None:
         assert code == 143 and "not ended" not in out
         assert _gone_within(pid, 5.0), f"sleep {pid} outlived the script"
     finally:
-        if _alive(pid):
+        if running(pid):
             subprocess.run(["kill", "-9", str(pid)], check=False)
