@@ -39,7 +39,7 @@ from fleet.errors import ConnectError, HostKeyError, OperationFailed
 from fleet.transport import shell
 from fleet.transport.hostkeys import UnknownHostKey, fingerprint, strict_client
 from fleet.transport.runner import Dialogue, Result, command_text, log_command, split_lines
-from fleet.transport.wake import wait_step
+from fleet.transport.wake import steps
 
 if TYPE_CHECKING:
     from fabric import Connection
@@ -333,7 +333,7 @@ class _ChannelDialogue(Dialogue):
             self.host, f"connection lost while running {_short(shell.masked(self.command))}{why}"
         )
 
-    def _write(self, data: bytes) -> None:
+    def send(self, data: bytes) -> None:
         try:
             self.chan.sendall(data)
         except OSError as exc:
@@ -351,11 +351,9 @@ class _ChannelDialogue(Dialogue):
             raise self._lost(exc) from None
 
     def _exit_status(self, deadline: float | None) -> int:
-        while not self.chan.status_event.is_set():
-            step = wait_step(deadline)
-            if step is not None and step <= 0:
-                raise TimeoutError()
-            self.chan.status_event.wait(step)
+        for step in steps(deadline):
+            if self.chan.status_event.wait(step):
+                break
         code = self.chan.recv_exit_status()
         if code == -1:  # closed without an exit status: the connection dropped
             raise self._lost()
@@ -369,17 +367,13 @@ def _recv(chan: paramiko.Channel, deadline: float | None) -> bytes:
     """The channel's next stdout bytes (b"" at its end), waiting until ``deadline``
     (monotonic; None: no end), then :class:`TimeoutError`; see :mod:`fleet.transport.wake`
     for why the main thread waits in steps."""
-    while True:
-        step = wait_step(deadline)
-        if step is not None and step <= 0:
-            raise TimeoutError()
+    for step in steps(deadline):
         chan.settimeout(step)
         try:
             return chan.recv(65536)
         except TimeoutError:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise
-            # a step ended: the main thread runs byte code (and a pending Ctrl-C) here
+            continue  # a step ended: the main thread runs byte code (and a pending Ctrl-C)
+    raise AssertionError("unreachable: steps() ends by raising TimeoutError")
 
 
 def _close(chan: paramiko.Channel) -> None:

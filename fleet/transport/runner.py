@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet.errors import OperationFailed
 from fleet.transport import shell
+from fleet.transport.wake import steps
 
 if TYPE_CHECKING:
     from fleet.inventory import HostSpec
@@ -80,10 +81,6 @@ class Dialogue:
     def stderr_bytes(self) -> bytes:
         return b"".join(self._err)
 
-    def send(self, data: bytes) -> None:
-        """Write ``data`` to the command's stdin (all of it)."""
-        self._write(data)
-
     def read_through(self, marker: bytes, *, timeout: float | None) -> bytes:
         """Stdout from where the last read stopped through the end of the first line that
         holds ``marker``; at the end of stdout before any marker, what is left (and
@@ -139,7 +136,8 @@ class Dialogue:
         self.close()
 
     # what a subclass provides
-    def _write(self, data: bytes) -> None:
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to the command's stdin (all of it)."""
         raise NotImplementedError
 
     def _read(self, deadline: float | None) -> bytes:
@@ -442,7 +440,7 @@ class _ProcessDialogue(Dialogue):
         self._pump = threading.Thread(target=pump, args=(proc.stderr.fileno(),), daemon=True)
         self._pump.start()
 
-    def _write(self, data: bytes) -> None:
+    def send(self, data: bytes) -> None:
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(data)
@@ -453,30 +451,22 @@ class _ProcessDialogue(Dialogue):
     def _read(self, deadline: float | None) -> bytes:
         import select
 
-        from fleet.transport.wake import wait_step
-
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        while True:
-            step = wait_step(deadline)
-            if step is not None and step <= 0:
-                raise TimeoutError()
-            ready, _w, _x = select.select([fd], [], [], step)
-            if ready:
+        for step in steps(deadline):
+            if select.select([fd], [], [], step)[0]:
                 return os.read(fd, 65536)
+        raise AssertionError("unreachable: steps() ends by raising TimeoutError")
 
     def _exit_status(self, deadline: float | None) -> int:
-        from fleet.transport.wake import wait_step
-
-        while True:
-            step = wait_step(deadline)
-            if step is not None and step <= 0:
-                raise TimeoutError()
+        code = None
+        for step in steps(deadline):
             try:
                 code = self.proc.wait(step)
                 break
             except subprocess.TimeoutExpired:
                 continue
+        assert code is not None
         self._pump.join(5.0)
         return code if code >= 0 else 128 - code
 

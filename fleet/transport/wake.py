@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 WAKE_S = 0.2
 
@@ -23,3 +24,14 @@ def wait_step(deadline: float | None) -> float | None:
     if threading.current_thread() is not threading.main_thread():
         return left
     return WAKE_S if left is None else min(WAKE_S, left)
+
+
+def steps(deadline: float | None) -> Iterator[float | None]:
+    """The waits that make up one wait until ``deadline`` (see :func:`wait_step`), for a
+    loop that blocks for each in turn until what it waits for comes; once the deadline
+    has passed, :class:`TimeoutError`."""
+    while True:
+        step = wait_step(deadline)
+        if step is not None and step <= 0:
+            raise TimeoutError()
+        yield step
