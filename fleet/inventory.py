@@ -384,7 +384,7 @@ def parse_inventory(data: Any, label: str = "inventory") -> Inventory:
         merged: dict[str, Any] = {}
         for layer in builder.layers(name, member_of[name]):
             merged.update(layer)
-        if "address" not in merged:
+        if merged.get("address") is None:  # unset, or null: the host name is the address
             problem = address_problem(name)
             if problem:
                 raise UsageError(

@@ -352,6 +352,16 @@ def test_values_that_would_fail_later_are_refused_at_load(
     ("data", "fragment"),
     [
         ({"all": {"hosts": {"a..b": {}}}}, "a..b: no address given, and the host name is not"),
+        # null is "not given" wherever it comes from, so the name must then be an address
+        ({"all": {"hosts": {"-1": {"address": None}}}}, "-1: no address given, and the host"),
+        (
+            {"all": {"vars": {"address": "10.0.0.1"}, "hosts": {"-h": {"address": None}}}},
+            "-h: no address given",
+        ),
+        (
+            {"all": {"children": {"g": {"vars": {"address": None}, "hosts": {"a..b": {}}}}}},
+            "a..b: no address given",
+        ),
         ({"all": {"hosts": {None: {}}}}, "all.hosts.None: a host name must be a string"),
         ({"all": {"hosts": {True: {}}}}, "must be a string"),
         ({"all": {"hosts": {"a\nb": {"address": "x"}}}}, "all.hosts.a\\nb: bad host name"),
