@@ -27,13 +27,17 @@
 #     {"schema": 1, "script": NAME, "error": "Type: message"}      an unexpected fault
 #
 # No `from __future__` here or in any shipped module: that statement imports the module
-# `__future__`, which the login directory could shadow before the prologue runs.
-import base64
+# `__future__`, which the login directory could shadow before the prologue runs. The
+# bundle's own first statement makes annotations strings (runner.PROLOGUE): `typing` is
+# for mypy only, and the other standard modules imported here are imported on the host
+# where the bundle first uses them (runner.EAGER_MODULES): what a run never uses costs it
+# nothing (a short run's imports were most of its time on the host).
+import _thread
+import binascii
 import json
 import os
 import signal
 import sys
-import threading
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -45,7 +49,7 @@ END = "----- fleet answer end -----"
 # CPython 3.11 can fail ``ast.parse`` run from several threads of one process at once
 # ("SystemError: AST constructor recursion depth mismatch"): fleet parses from its fan-out
 # threads, so every parse in fleet goes through this one lock.
-_PARSE = threading.Lock()
+_PARSE = _thread.allocate_lock()
 
 
 def parse_python(source: Union[str, bytes], mode: str = "exec") -> Any:
@@ -73,14 +77,19 @@ def installed_path() -> List[str]:
 def find_vllm() -> Optional[str]:
     """The real path of the installed vllm package directory, or None.
 
-    importlib.util.find_spec of a top-level name does not execute the package (meta path
-    finders of editable installs are honoured); the working directory is never searched."""
-    import importlib.util
-
+    Asks each finder on sys.meta_path, as the import system does for a top-level name
+    (importlib.util.find_spec without importing it: contextlib, collections... ~4 ms), so
+    the package is never executed and the meta path finders of editable installs are
+    honoured; the working directory is never searched."""
     saved = sys.path[:]
     sys.path[:] = installed_path()
+    spec = None
     try:
-        spec = importlib.util.find_spec("vllm")
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            spec = find_spec("vllm", None) if find_spec is not None else None
+            if spec is not None:
+                break
     finally:
         sys.path[:] = saved
     if spec is None:
@@ -202,17 +211,90 @@ def inside(root: str, relpath: str) -> str:
     return path
 
 
+class _CJson:
+    """``json.dumps(obj)`` and ``json.loads(text)`` through CPython's C accelerator
+    ``_json`` alone, as the json module itself runs them for these calls (its default
+    options), without importing json, which imports re, enum, functools and collections:
+    ~8 ms of CPU in every run on the host, most of a short run's own work."""
+
+    CONSTANTS = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}
+
+    def __init__(self, c: Any) -> None:
+        self.c = c
+        # the scanner reads its options from these attributes (json.decoder.JSONDecoder)
+        self.strict = True
+        self.object_hook = None
+        self.object_pairs_hook = None
+        self.parse_float = float
+        self.parse_int = int
+        self.parse_constant = self.CONSTANTS.__getitem__
+        self.scan = c.make_scanner(self)
+
+    @staticmethod
+    def _default(obj: Any) -> Any:
+        raise TypeError("Object of type " + type(obj).__name__ + " is not JSON serializable")
+
+    def dumps(self, obj: Any) -> str:
+        # a new encoder per call: its dict of markers (circular references) starts empty
+        enc = self.c.make_encoder(
+            {}, self._default, self.c.encode_basestring_ascii, None, ": ", ", ", False, False, True
+        )
+        return "".join(enc(obj, 0))
+
+    def loads(self, text: Union[str, bytes]) -> Any:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        start = len(text) - len(text.lstrip(" \t\n\r"))
+        try:
+            obj, end = self.scan(text, start)
+        except StopIteration as exc:
+            raise ValueError("Expecting value: char " + str(exc.value)) from None
+        if text[end:].strip(" \t\n\r"):
+            raise ValueError("Extra data: char " + str(end))
+        return obj
+
+
+_JSON: List[Any] = []  # the codec chosen on first use: a _CJson, or the json module
+
+
+def _json_codec() -> Any:
+    if not _JSON:
+        codec: Any = json
+        try:
+            import _json
+
+            fast = _CJson(_json)
+            sample = {"a": [1, -2.5, None, True, "\u00e9\n\ud83d"], "": {}}
+            shown = '{"a": [1, -2.5, null, true, "\\u00e9\\n\\ud83d"], "": {}}'
+            if fast.dumps(sample) == shown and fast.loads(" " + shown + "\n") == sample:
+                codec = fast
+        except Exception:  # no accelerator (PyPy), or one that differs: the json module
+            pass
+        _JSON.append(codec)
+    return _JSON[0]
+
+
+def dumps(obj: Any) -> str:
+    """``json.dumps(obj)`` (see ``_CJson``)."""
+    return _json_codec().dumps(obj)
+
+
+def loads(text: Union[str, bytes]) -> Any:
+    """``json.loads(text)`` (see ``_CJson``); a malformed text raises ValueError."""
+    return _json_codec().loads(text)
+
+
 def encode(obj: Any) -> str:
-    return encode_json(json.dumps(obj).encode("utf-8"))
+    return encode_json(dumps(obj).encode("utf-8"))
 
 
 def encode_json(text: bytes) -> str:
     """``encode`` of an object already dumped to JSON ``text``."""
-    return base64.b64encode(zlib.compress(text, 6)).decode("ascii")
+    return binascii.b2a_base64(zlib.compress(text, 6), newline=False).decode("ascii")
 
 
 def decode(text: str) -> Any:
-    return json.loads(zlib.decompress(base64.b64decode(text)).decode("utf-8"))
+    return loads(zlib.decompress(binascii.a2b_base64(text)).decode("utf-8"))
 
 
 def emit(doc: Dict[str, Any]) -> None:
@@ -296,8 +378,7 @@ def watch_fleet(requests: Any = None) -> bool:
     held = globals().get("_fleet_stdin")
     if held is None:  # run some other way (python -): nobody to watch
         return False
-    import threading
-
+    main = _thread.get_ident()  # called by serve/converse, in the main thread
     try:
         signal.signal(signal.SIGTERM, _terminated)
     except (AttributeError, ValueError):
@@ -336,7 +417,7 @@ def watch_fleet(requests: Any = None) -> bool:
         # to the main thread itself: Python runs the handler there, and a process-wide
         # signal could land in this thread while the main thread sleeps in a wait
         try:
-            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+            signal.pthread_kill(main, signal.SIGTERM)
         except (AttributeError, OSError, ValueError):
             os.kill(os.getpid(), signal.SIGTERM)
         import time
@@ -345,7 +426,8 @@ def watch_fleet(requests: Any = None) -> bool:
         end_children()  # its clean-up did not run in time: end its tools all the same
         os._exit(143)
 
-    threading.Thread(target=wait, name="fleet-watchdog", daemon=True).start()
+    # a bare thread: it never delays the interpreter's exit (and threading is not imported)
+    _thread.start_new_thread(wait, ())
     return True
 
 

@@ -3,7 +3,6 @@
 # standard library only; the pure parsers are local (fleet/facts/parsers.py).
 import os
 import select
-import shutil
 import signal
 import sys
 import time
@@ -19,7 +18,7 @@ def _probe_error(exc: BaseException) -> str:
 
 
 def part_gpus() -> Dict[str, Any]:
-    exe = shutil.which("nvidia-smi")
+    exe = which("nvidia-smi")
     if exe is None:
         return {"missing": True}
     cmd = [exe, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"]
@@ -117,7 +116,7 @@ def part_supervisors() -> Dict[str, Any]:
     out["tools"] = tools
     beside = [os.path.dirname(sys.executable), os.path.expanduser(FLEET_SUPERVISOR_BIN)]
     for tool in SUPERVISOR_TOOLS:
-        found = shutil.which(tool)
+        found = which(tool)
         for directory in beside:
             candidate = os.path.join(directory, tool)
             if found is None and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
@@ -126,6 +125,26 @@ def part_supervisors() -> Dict[str, Any]:
     return out
 
 
+def which(name: str) -> Optional[str]:
+    """``shutil.which(name)`` without importing shutil (which imports bz2, lzma, fnmatch...):
+    the first executable file ``name`` on $PATH (or ``name`` itself when it is a path)."""
+
+    def runnable(path: str) -> bool:
+        return os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)
+
+    if os.sep in name:
+        return name if runnable(name) else None
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or os.curdir, name)
+        if runnable(candidate):
+            return candidate
+    return None
+
+
 def disk_usage(path: str) -> Dict[str, Any]:
-    usage = shutil.disk_usage(path)
-    return {"path": path, "total": usage.total, "used": usage.used, "free": usage.free}
+    """``shutil.disk_usage(path)`` (the same statvfs arithmetic), as a dict."""
+    st = os.statvfs(path)
+    total = st.f_blocks * st.f_frsize
+    free = st.f_bavail * st.f_frsize
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    return {"path": path, "total": total, "used": used, "free": free}

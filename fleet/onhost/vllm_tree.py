@@ -6,11 +6,10 @@
 # inspect, serve's preflight and the simulated vLLM. Python 3.8+, standard library only,
 # never imports vLLM.
 import ast
-import json
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from fleet.onhost._common import parse_python
+from fleet.onhost._common import dumps, loads, parse_python
 
 MODEL_FILES = ("model_executor/models/deepseek_v2.py", "model_executor/models/kimi_k25.py")
 # where the config-time EAGLE-3 allowlist lived across versions (0.10-0.20)
@@ -100,7 +99,7 @@ class DerivedCache:
         self.hits = 0
         try:
             with open(self.path, encoding="utf-8") as fh:
-                doc = json.load(fh)
+                doc = loads(fh.read())
             if isinstance(doc, dict) and isinstance(doc.get("entries"), dict):
                 self.entries = doc["entries"]
         except (OSError, ValueError):
@@ -131,7 +130,7 @@ class DerivedCache:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(doc, fh)
+                fh.write(dumps(doc))
             os.replace(tmp, self.path)
             self.dirty = False
         except OSError:  # no room or read-only home: the next run derives again
