@@ -86,7 +86,7 @@ def classes_of(source: str) -> Dict[str, Any]:
 # The file is JSON (never code), mode 0600 in a 0700 directory, replaced atomically.
 CACHE_DIR = os.path.join("~", ".cache", "fleet-onhost")
 CACHE_FILE = "derived.json"
-CACHE_ENTRIES = 64  # kept (the newest); a host has a handful of vLLM environments
+CACHE_ENTRIES = 64  # kept (the newest): a handful of vLLM environments and fleet versions
 
 
 class DerivedCache:
@@ -108,7 +108,9 @@ class DerivedCache:
     def derive(self, kind: str, path: str, func: Callable[[str], Any]) -> Any:
         """func(path), or what it gave for this very file before."""
         st = os.stat(path)
-        key = kind + ":" + os.path.realpath(path)
+        # the code is in the key too: two fleet versions used on one host keep one entry
+        # each instead of deriving again in turn (and in the stamp: a hit is this code's)
+        key = kind + ":" + self.code[:16] + ":" + os.path.realpath(path)
         stamp = [self.code, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         entry = self.entries.get(key)
         if isinstance(entry, dict) and entry.get("stamp") == stamp and "value" in entry:

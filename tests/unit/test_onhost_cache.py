@@ -55,6 +55,21 @@ def test_a_changed_file_is_derived_again(tmp_path: Path) -> None:
     assert bases["bases"] == ["nn.Module", "SupportsEagle3"] and third.hits == 0
 
 
+def test_two_fleet_versions_on_one_host_keep_their_own_entries(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path)
+    for code in ("code-old", "code-new"):  # each derives once...
+        cache = DerivedCache(code, str(tmp_path / "cache"))
+        model_classes(str(pkg), cache)
+        assert cache.hits == 0
+        cache.save()
+    for _round in range(2):  # ...then both hit, used in turn
+        for code in ("code-old", "code-new"):
+            cache = DerivedCache(code, str(tmp_path / "cache"))
+            model_classes(str(pkg), cache)
+            assert cache.hits == 1 and not cache.dirty
+            cache.save()
+
+
 def test_an_in_place_edit_of_the_same_size_is_seen(tmp_path: Path) -> None:
     pkg = _tree(tmp_path)
     cache = DerivedCache("c", str(tmp_path / "cache"))
