@@ -363,10 +363,37 @@ def _terminated(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def watch_fleet(requests: Any = None) -> bool:
+class Frames:
+    """The requests the watchdog reads from stdin, handed to the main thread: a one-reader
+    ``queue.Queue`` (put, blocking get) without threading and queue (~5 ms of imports).
+    ``ready`` is held exactly while nothing is waiting; only ``put`` and ``get`` change
+    it, under ``guard``, and only ``get`` waits for it."""
+
+    def __init__(self) -> None:
+        self.items: List[Optional[str]] = []
+        self.guard = _thread.allocate_lock()
+        self.ready = _thread.allocate_lock()
+        self.ready.acquire()
+
+    def put(self, item: Optional[str]) -> None:
+        with self.guard:
+            self.items.append(item)
+            if self.ready.locked():
+                self.ready.release()
+
+    def get(self) -> Optional[str]:
+        self.ready.acquire()
+        with self.guard:
+            item = self.items.pop(0)
+            if self.items and self.ready.locked():
+                self.ready.release()
+            return item
+
+
+def watch_fleet(requests: Optional[Frames] = None) -> bool:
     """End this script when fleet goes away, unless it holds (hold_on_hangup).
 
-    With ``requests`` (a queue: a conversation), the frames read from stdin are put on it,
+    With ``requests`` (``Frames``: a conversation), the frames read from stdin are put on it,
     then None at its end; the script is not ended when it is idle (waiting for one).
 
     fleet's loader (fleet.transport.shell.python) leaves stdin open as `_fleet_stdin`
@@ -457,9 +484,7 @@ def converse(
     """``serve`` the first request, then every request fleet sends on stdin, until its end.
 
     Exit status: that of the last answer (see ``serve``)."""
-    import queue
-
-    requests: Any = queue.Queue()
+    requests = Frames()
     watched = watch_fleet(requests)
     status = _answer(ops, encoded, script, then=False)
     while watched:

@@ -33,7 +33,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from fleet.onhost._common import Refused, hold_on_hangup, inside, locate_vllm
+from fleet.onhost._common import Refused, hold_on_hangup, inside, loads, locate_vllm
 
 PATCH_SCHEMA = 1
 LOCK_TIMEOUT = 120.0
@@ -102,7 +102,7 @@ def _load_manifest(directory: str) -> Optional[Dict[str, Any]]:
     data = _read(os.path.join(directory, "manifest.json"))
     if data is None:
         return None
-    return json.loads(data.decode("utf-8"))
+    return loads(data)
 
 
 # -- durable writes -----------------------------------------------------------------------

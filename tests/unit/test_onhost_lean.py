@@ -197,3 +197,32 @@ def test_a_standard_module_is_imported_where_it_is_first_used(
     doc, _rest = runner.split_answer(proc.stdout)
     assert doc is not None
     assert doc["result"] == {"before": False, "hsv": [0.0, 1.0, 1.0], "after": True}
+
+
+def test_frames_hand_every_request_over_in_order() -> None:
+    """The conversation's hand-over (a queue without threading): one thread puts, one
+    gets; nothing is lost, duplicated or reordered, whether the getter waits or not."""
+    import random
+    import threading
+    import time
+
+    frames = _common.Frames()
+    sent = [str(i) for i in range(3000)]
+
+    def producer() -> None:
+        rng = random.Random(7)
+        for item in sent:
+            frames.put(item)
+            if rng.random() < 0.01:
+                time.sleep(0.001)  # let the getter catch up and wait
+        frames.put(None)
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    got = []
+    while (item := frames.get()) is not None:
+        got.append(item)
+        if len(got) % 500 == 0:
+            time.sleep(0.01)  # let several pile up
+    thread.join()
+    assert got == sent and frames.items == [] and frames.ready.locked()
