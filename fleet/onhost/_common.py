@@ -289,8 +289,12 @@ def encode(obj: Any) -> str:
 
 
 def encode_json(text: bytes) -> str:
-    """``encode`` of an object already dumped to JSON ``text``."""
-    return binascii.b2a_base64(zlib.compress(text, 6), newline=False).decode("ascii")
+    """``encode`` of an object already dumped to JSON ``text``. zlib's fastest level: on
+    vLLM's sources it takes a third of level 6's time (0.8 against 2.6 ms for the 121 KB
+    of an apply request) for 27 % more bytes (31 against 25 KB: 6 KB, which a 100 Mb/s
+    link moves in 0.5 ms). Both ends pay it per host: the client for each request, the
+    host for each answer (a fetch answers with the files it read)."""
+    return binascii.b2a_base64(zlib.compress(text, 1), newline=False).decode("ascii")
 
 
 def decode(text: str) -> Any:
