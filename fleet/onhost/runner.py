@@ -128,7 +128,6 @@ class HostImports:
 
     spans: list[tuple[int, int]]  # the lines dropped: typing and lazy imports
     lazy: list[str]  # modules imported where first used
-    typing_names: list[str]  # names from typing, allowed in annotations only
 
 
 def _host_imports(module: str, tree: ast.Module) -> HostImports:
@@ -147,7 +146,7 @@ def _host_imports(module: str, tree: ast.Module) -> HostImports:
             lazy += [a.name for a in node.names]
             spans.append(span)
     _check_annotations_only(module, tree, set(typing_names))
-    return HostImports(spans, lazy, typing_names)
+    return HostImports(spans, lazy)
 
 
 def _check_annotations_only(module: str, tree: ast.Module, names: set[str]) -> None:
@@ -317,6 +316,11 @@ def _build(name: str) -> Bundle:
                     f"{owner[defined]}.py and {module}.py"
                 )
             owner[defined] = module
+    for shadowed in sorted(set(lazy) & set(owner)):
+        raise RuntimeError(
+            f"on-host bundle {name}: {owner[shadowed]}.py defines {shadowed!r}, "
+            "the name of a standard module the bundle imports"
+        )
     parts = [LAZY_MODULE, *(f"{m} = _FleetModule({m!r})\n" for m in lazy)] if lazy else []
     for module in order:
         parts.append(f"\n# ---- fleet/onhost/{module}.py ----\n")

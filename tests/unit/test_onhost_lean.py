@@ -226,3 +226,15 @@ def test_frames_hand_every_request_over_in_order() -> None:
             time.sleep(0.01)  # let several pile up
     thread.join()
     assert got == sent and frames.items == [] and frames.ready.locked()
+
+
+def test_a_name_that_shadows_a_lazy_module_is_refused_when_bundling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tiny_onhost(
+        tmp_path,
+        monkeypatch,
+        "def signal(request):\n    return {}\n\nOPS = {'x': signal}\n",  # _common imports signal
+    )
+    with pytest.raises(RuntimeError, match=r"tiny\.py defines 'signal', the name of a standard"):
+        runner.bundle("tiny")
