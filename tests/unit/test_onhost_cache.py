@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from onhost_harness import answer, run_bundle
 
 from fleet.onhost import _common, runner
 from fleet.onhost.vllm_tree import (
@@ -121,17 +122,8 @@ def test_a_cache_that_cannot_be_written_changes_nothing(tmp_path: Path) -> None:
 def _run_facts(home: Path, pkg_root: Path) -> dict[str, Any]:
     """The facts bundle run for real with HOME=home and the tree on its path."""
     env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(pkg_root)}
-    proc = subprocess.run(
-        [sys.executable, "-"],
-        input=runner.with_request("facts", {"op": "facts"}),
-        capture_output=True,
-        env=env,
-        cwd=home,
-        check=True,
-    )
-    doc, _rest = runner.split_answer(proc.stdout)
-    assert doc is not None
-    return dict(doc["result"]["parts"])
+    proc = run_bundle("facts", {"op": "facts"}, cwd=home, env=env)
+    return dict(answer(proc)["result"]["parts"])
 
 
 def test_the_facts_bundle_keeps_its_cache_in_the_home(tmp_path: Path) -> None:
@@ -199,14 +191,7 @@ def test_version_from_dist_info_without_importlib_metadata(
 
 
 def _run_loader(home: Path) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        [sys.executable, "-"],
-        input=runner.with_request("facts", {"op": "facts"}),
-        capture_output=True,
-        env={**os.environ, "HOME": str(home)},
-        cwd=home,
-        check=True,
-    )
+    return run_bundle("facts", {"op": "facts"}, cwd=home, env={**os.environ, "HOME": str(home)})
 
 
 def test_the_hosts_keep_the_bundles_byte_code_and_distrust_a_foreign_file(

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from onhost_harness import answer, run_bundle
 
 from fleet.onhost import _common, runner
 from fleet.sandbox.vllm_source import vllm_tree
@@ -116,16 +116,9 @@ def _facts_run(home: Path) -> tuple[dict[str, Any], set[str]]:
         "PYTHONPATH": str(vllm_tree("0.17.0")),
         "PYTHONPROFILEIMPORTTIME": "1",
     }
-    proc = subprocess.run(
-        [sys.executable, "-"],
-        input=runner.with_request("facts", {"op": "facts"}),
-        capture_output=True,
-        env=env,
-        cwd=home,
-        check=True,
-    )
-    doc, _rest = runner.split_answer(proc.stdout)
-    assert doc is not None and "result" in doc, proc.stderr[-2000:]
+    proc = run_bundle("facts", {"op": "facts"}, cwd=home, env=env)
+    doc = answer(proc)
+    assert "result" in doc, doc
     imported = set()
     for line in proc.stderr.decode().splitlines():
         if line.startswith("import time:") and "|" in line:
@@ -187,15 +180,7 @@ def test_a_standard_module_is_imported_where_it_is_first_used(
     )
     text = runner.bundle("tiny").text
     assert "colorsys = _FleetModule('colorsys')" in text and "\nimport colorsys" not in text
-    proc = subprocess.run(
-        [sys.executable, "-"],
-        input=runner.with_request("tiny", {"op": "x"}),
-        capture_output=True,
-        cwd=tmp_path,
-        check=True,
-    )
-    doc, _rest = runner.split_answer(proc.stdout)
-    assert doc is not None
+    doc = answer(run_bundle("tiny", {"op": "x"}, cwd=tmp_path))
     assert doc["result"] == {"before": False, "hsv": [0.0, 1.0, 1.0], "after": True}
 
 
