@@ -119,24 +119,25 @@ def part_supervisors() -> Dict[str, Any]:
         found = which(tool)
         for directory in beside:
             candidate = os.path.join(directory, tool)
-            if found is None and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            if found is None and executable_file(candidate):
                 found = candidate
         tools[tool] = found
     return out
 
 
+def executable_file(path: Optional[str]) -> bool:
+    """Whether ``path`` is a file this user may execute."""
+    return bool(path) and os.path.isfile(str(path)) and os.access(str(path), os.X_OK)
+
+
 def which(name: str) -> Optional[str]:
     """``shutil.which(name)`` without importing shutil (which imports bz2, lzma, fnmatch...):
     the first executable file ``name`` on $PATH (or ``name`` itself when it is a path)."""
-
-    def runnable(path: str) -> bool:
-        return os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)
-
     if os.sep in name:
-        return name if runnable(name) else None
+        return name if executable_file(name) else None
     for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
         candidate = os.path.join(directory or os.curdir, name)
-        if runnable(candidate):
+        if executable_file(candidate):
             return candidate
     return None
 

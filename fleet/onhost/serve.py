@@ -23,7 +23,6 @@ import fcntl
 import io
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import zipfile
 from typing import Any, Dict, List, Optional, Tuple
 
 from fleet.onhost._common import Refused, find_vllm, hold_on_hangup, vllm_version
-from fleet.onhost.probes import disk_usage, part_gpus
+from fleet.onhost.probes import disk_usage, executable_file, part_gpus, which
 from fleet.onhost.vllm_tree import allowlists, model_classes
 
 RUN_ROOT = os.path.join(".fleet", "run")
@@ -322,20 +321,16 @@ def _vllm_knows(package_dir: str, names: List[str]) -> Dict[str, bool]:
 # -- the supervisor ----------------------------------------------------------------------
 
 
-def _executable(path: Optional[str]) -> bool:
-    return bool(path) and os.path.isfile(str(path)) and os.access(str(path), os.X_OK)
-
-
 def _supervisor_tools() -> Dict[str, Any]:
     """How to run supervisord/supervisorctl here: the host's own (beside the vLLM
     environment's python, or on PATH), else fleet's own virtualenv, else none."""
     for daemon in (
         os.path.join(os.path.dirname(sys.executable), "supervisord"),
-        shutil.which("supervisord"),
+        which("supervisord"),
     ):
-        if daemon and _executable(daemon):
+        if daemon and executable_file(daemon):
             ctl = os.path.join(os.path.dirname(daemon), "supervisorctl")
-            if _executable(ctl):
+            if executable_file(ctl):
                 return {"source": "host", "supervisord": [daemon], "supervisorctl": [ctl]}
     venv_python = os.path.join(_sup_dir(), "venv", "bin", "python")
     if _has_supervisor(venv_python):
