@@ -15,13 +15,16 @@ every tool, the same work:
   ``deepseek_v2.py`` and free disk. Peers: ``ansible-playbook`` (forks N, pipelining,
   ControlPersist; peer_work/facts.yml), a pyinfra deploy (``--parallel N``;
   peer_work/facts_deploy.py), plain OpenSSH with one ``ssh`` per step, and the OpenSSH
-  floor: one ``ssh`` per host running every step in one remote shell script;
+  floor: one ``ssh`` per host running every step in one remote shell script. A last
+  reference, ``paramiko-floor`` (peer_work/paramiko_floor.py), runs that same script over
+  paramiko after importing fleet's libraries and does nothing else: the least control
+  CPU any client on fleet's stack can use, so fleet's own share is the difference;
 - ``patch``: ``fleet patch --check``, then an apply, then a no-op apply, against the same
   edit (the unified diff fleet's engine makes for vLLM 0.17.0, the file a user keeps)
   applied with GNU patch by an Ansible playbook (``ansible.builtin.script``, ``--check``),
-  a pyinfra deploy (``server.script``) and the OpenSSH floor; every host is put back to
-  the wheel's files before each tool's sequence, and every step's result is checked on
-  the hosts' files (sha256 of each patched file);
+  a pyinfra deploy (``server.script``) and the OpenSSH and paramiko floors; every host is
+  put back to the wheel's files before each tool's sequence, and every step's result is
+  checked on the hosts' files (sha256 of each patched file);
 - ``startup``: ``fleet --help`` against ``ansible --version`` and ``pyinfra --help``.
 
 Scenarios: ``loopback`` (the sshd ports on 127.0.0.1) and ``wan``: every connection goes
@@ -78,8 +81,8 @@ EAGLE3_CLASSES = (
     "KimiK25ForConditionalGeneration",
 )
 DEEPSEEK = "model_executor/models/deepseek_v2.py"
-FACT_TOOLS = ("fleet", "ansible", "pyinfra", "ssh-steps", "ssh-floor")
-PATCH_TOOLS = ("fleet", "ansible", "pyinfra", "ssh-floor")
+FACT_TOOLS = ("fleet", "ansible", "pyinfra", "ssh-steps", "ssh-floor", "paramiko-floor")
+PATCH_TOOLS = ("fleet", "ansible", "pyinfra", "ssh-floor", "paramiko-floor")
 PATCH_STEPS = ("check", "apply", "no-op apply")
 STARTUP = ("fleet --help", "ansible --version", "pyinfra --help")
 
@@ -568,7 +571,15 @@ class Tools:
         if tool == "ssh-floor":
             argv = ["sh", run, "floor", str(sc.ssh_hosts), str(out)]
             return [*argv, str(self.gen / "facts_floor.sh")], self.ssh_env(sc, box)
+        if tool == "paramiko-floor":
+            argv = [*self.paramiko_floor(sc, out), str(self.gen / "facts_floor.sh")]
+            return argv, self.ssh_env(sc, box)
         raise ValueError(tool)
+
+    def paramiko_floor(self, sc: Scenario, out: Path) -> list[str]:
+        """The floor of fleet's own stack (peer_work/paramiko_floor.py), in fleet's venv."""
+        script = str(PEER_WORK / "paramiko_floor.py")
+        return [sys.executable, script, str(sc.ssh_hosts), str(out)]
 
     def patch(
         self, tool: str, step: str, sc: Scenario, box: Sandbox, out: Path
@@ -593,6 +604,9 @@ class Tools:
             argv = ["sh", str(self.gen / "ssh_run.sh"), "floor", str(sc.ssh_hosts), str(out)]
             argv += [str(self.gen / "patch.sh"), "check" if check else "apply"]
             return argv, self.ssh_env(sc, box)
+        if tool == "paramiko-floor":
+            argv = [*self.paramiko_floor(sc, out), str(self.gen / "patch.sh")]
+            return [*argv, "check" if check else "apply"], self.ssh_env(sc, box)
         raise ValueError(tool)
 
 
@@ -883,6 +897,21 @@ def table_rows(
                 notes.append(
                     f"{label}: CPU/host <= half of pyinfra's: {'PASS' if ok else 'MISS'} "
                     f"({fmt_s(fc / hosts)} vs {fmt_s(cpu / hosts)})"
+                )
+                floor = series.get("paramiko-floor")
+                if floor and not floor.failure and floor.runs:
+                    reach = floor.median("cpu") <= cpu / 2
+                    notes.append(
+                        f"{label}: half of pyinfra's CPU/host is within reach of fleet's "
+                        f"stack (the paramiko floor's CPU/host is at most that): "
+                        f"{'yes' if reach else 'no'} ({fmt_s(floor.median('cpu') / hosts)} "
+                        f"vs {fmt_s(cpu / 2 / hosts)})"
+                    )
+            elif tool == "paramiko-floor":
+                notes.append(
+                    f"{label}: fleet's control CPU/host against the floor of its stack: "
+                    f"{fmt_s(fc / hosts)} vs {fmt_s(cpu / hosts)} (fleet's own: "
+                    f"{fmt_s((fc - cpu) / hosts)} per host)"
                 )
     targets.extend(notes)
     return rows, notes
