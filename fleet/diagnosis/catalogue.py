@@ -15,11 +15,10 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-import yaml
-
 from fleet.diagnosis.literals import MIN_LITERAL, literal_runs, quality, required_literals
 from fleet.diagnosis.models import Catalogue, ContextSpec, FrameSpec, PatternSpec, Rule
 from fleet.errors import FleetError
+from fleet.safeyaml import load_yaml
 
 
 class CatalogueError(FleetError):
@@ -335,4 +334,4 @@ def parse_catalogue(data: Any) -> CompiledCatalogue:
 def load_catalogue() -> CompiledCatalogue:
     """The catalogue shipped in the package (cached)."""
     text = resources.files("fleet.diagnosis").joinpath("catalogue.yaml").read_text("utf-8")
-    return parse_catalogue(yaml.safe_load(text))
+    return parse_catalogue(load_yaml(text))

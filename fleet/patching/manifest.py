@@ -13,14 +13,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleet.errors import UsageError
 from fleet.patching.versions import Version, VersionRange
 from fleet.paths import templates_dir
+from fleet.safeyaml import InputFileError, load_yaml_file
 
 DEFAULT_PATCH_SET = "eagle3-deepseek"
+MAX_MANIFEST_BYTES = 1024 * 1024
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
@@ -225,9 +226,9 @@ def load_patch_set(name: str = DEFAULT_PATCH_SET, root: Path | None = None) -> P
     directory = base / name
     path = directory / "manifest.yaml"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not valid YAML: {exc}") from None
+        data = load_yaml_file(path, max_bytes=MAX_MANIFEST_BYTES, what="patch set manifest")
+    except InputFileError as exc:
+        raise UsageError(str(exc)) from None
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as exc:

@@ -349,6 +349,24 @@ def test_bad_manifests_are_usage_errors(tmp_path: Path, mutate, message: str) ->
         load_patch_set("demo", root=tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # PyYAML's safe_load lets the second `versions` win without a word
+        (MINI + '    versions: ">=0"\n', r"manifest.yaml: invalid YAML \(line \d+, column \d+\)"),
+        (MINI.replace("name: demo", "name: &a [*a]"), "invalid YAML"),
+        ("x: " + "[" * 100 + "]" * 100 + "\n", "invalid YAML"),
+    ],
+)
+def test_manifests_are_read_by_the_bounded_yaml_loader(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    _write_set(tmp_path, textwrap.dedent(text), {"hello.j2": "# {{ marker }}\n"})
+    with pytest.raises(UsageError, match=message) as err:
+        load_patch_set("demo", root=tmp_path)
+    assert "\n" not in str(err.value)
+
+
 def test_template_without_marker_is_refused(tmp_path: Path) -> None:
     _write_set(tmp_path, MINI, {"hello.j2": "{{ m.indent }}pass\n"})
     ps = load_patch_set("demo", root=tmp_path)
