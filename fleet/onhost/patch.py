@@ -2,7 +2,9 @@
 #
 # Operations (request["op"]):
 #   fetch   locate vLLM (find_spec / importlib.metadata, no import), read the target
-#           files: text + sha256; the backup manifest of this patch set if any.
+#           files: sha256 + text (the text only if request["texts"], default true: fleet
+#           asks for the sha256 first and for the texts only when it has no plan for
+#           them); the backup manifest of this patch set if any.
 #   apply   write new texts, all files or none: check every sha256 first and compile
 #           every new text with this interpreter (the host's), or write nothing; back up
 #           each original and a manifest (sha256 before/after, patch set, vLLM version,
@@ -290,9 +292,12 @@ def op_fetch(request: Dict[str, Any]) -> Dict[str, Any]:
             continue
         entry: Dict[str, Any] = {"exists": True, "sha256": _sha(data)}
         try:
-            entry["text"] = data.decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             entry["error"] = f"not UTF-8: {exc}"
+        else:
+            if request.get("texts", True):  # fleet may know the text by its sha256
+                entry["text"] = text
         files[relpath] = entry
     directory = backup_dir(
         request["backup_root"], request["patch_set"], where["version"], package_dir

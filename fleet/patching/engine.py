@@ -21,7 +21,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
@@ -51,7 +51,11 @@ Status = Literal[
 ]
 
 
+@lru_cache(maxsize=64)
 def sha256_text(text: str) -> str:
+    """The sha256 of ``text`` as UTF-8, remembered for the last few texts: a fleet run
+    meets the same few files on every host, and each file's digest is asked for several
+    times (plan, report, write request)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -164,6 +168,16 @@ class HostPlan:
     @property
     def to_write(self) -> list[FilePlan]:
         return [f for f in self.files if f.status == "would-apply" and f.changes]
+
+    def copy(self) -> HostPlan:
+        """A copy whose files may be given another status, text or conflict (as one
+        host's report does) without changing this plan; the texts are shared."""
+        return HostPlan(
+            self.patch_set,
+            self.vllm_version,
+            [replace(f, edits=list(f.edits)) for f in self.files],
+            dict(self.facts),
+        )
 
     def write_items(self) -> list[dict[str, str]]:
         """What the remote write script needs per file: new text and both sha256s."""

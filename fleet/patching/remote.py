@@ -110,7 +110,10 @@ def fetch(
     *,
     with_backups: bool = False,
     backup_root: str = BACKUP_ROOT,
+    texts: bool = True,
 ) -> Fetched:
+    """The files' sha256 (and, with ``texts``, their texts), vLLM's location, the backup
+    manifest (and, ``with_backups``, the saved originals)."""
     answer = _ask(
         via,
         {
@@ -119,6 +122,7 @@ def fetch(
             "files": paths,
             "backup_root": backup_root,
             "with_backups": with_backups,
+            "texts": texts,
         },
         FetchAnswer,
         timeout=FETCH_TIMEOUT,

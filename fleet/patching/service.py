@@ -8,7 +8,6 @@ Transport faults raise (``ConnectError`` -> unreachable, ``OperationFailed`` -> 
 
 from __future__ import annotations
 
-import copy
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -128,25 +127,61 @@ _PLAN_LOCKS: dict[tuple[str, str, str, tuple[tuple[str, str | None], ...]], thre
 _PLAN_GUARD = threading.Lock()
 
 
-def cached_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan:
-    """``plan_host`` once per distinct (patch set, vLLM version, file contents) in this
-    process: a fleet of identical hosts is planned once, not once per host."""
-    key = (
+def _plan_cache_key(
+    patch_set: PatchSet, fetched: remote.Fetched
+) -> tuple[str, str, str, tuple[tuple[str, str | None], ...]]:
+    return (
         str(patch_set.directory),
         patch_set.name,
         fetched.vllm_version,
         tuple(sorted((p, f.sha256 if f.exists else None) for p, f in fetched.files.items())),
     )
+
+
+def _plan_lock(key: tuple[Any, ...]) -> threading.Lock:
     with _PLAN_GUARD:
-        lock = _PLAN_LOCKS.setdefault(key, threading.Lock())
-    with lock:
+        return _PLAN_LOCKS.setdefault(key, threading.Lock())
+
+
+def _faithful(fetched: remote.Fetched) -> bool:
+    """Every text is the one its sha256 names: only such a plan may be kept, since a later
+    host that reports the same sha256 is planned by it without sending its text."""
+    return all(
+        f.text is not None and f.sha256 == sha256_text(f.text)
+        for f in fetched.files.values()
+        if f.exists and not f.error
+    )
+
+
+def known_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan | None:
+    """The plan of these files (by their sha256 alone: ``fetched`` may have no texts) if
+    this run or an earlier one made it, else None."""
+    key = _plan_cache_key(patch_set, fetched)
+    with _plan_lock(key):
+        plan = _PLAN_CACHE.get(key)
+        if plan is None:
+            plan = _stored_plan(patch_set, key)
+            if plan is None:
+                return None
+            _PLAN_CACHE[key] = plan
+        return plan.copy()
+
+
+def cached_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan:
+    """``plan_host`` once per distinct (patch set, vLLM version, file contents) in this
+    process: a fleet of identical hosts is planned once, not once per host. ``fetched``
+    has the texts; a plan of texts that do not match their sha256 is not kept."""
+    key = _plan_cache_key(patch_set, fetched)
+    with _plan_lock(key):
         if key not in _PLAN_CACHE:
             stored = _stored_plan(patch_set, key)
             if stored is None:
                 stored = plan_host(patch_set, fetched.vllm_version, fetched.texts())
+                if not _faithful(fetched):
+                    return stored
                 _store_plan(patch_set, key, stored)
             _PLAN_CACHE[key] = stored
-        return copy.deepcopy(_PLAN_CACHE[key])
+        return _PLAN_CACHE[key].copy()
 
 
 # Plans kept across runs (``fleet patch --check`` then an apply then a no-op apply plan
@@ -258,8 +293,13 @@ def _apply_host(
 ) -> HostReport:
     conn = talk.conn
     paths = [f.path for f in patch_set.manifest.files]
-    fetched = remote.fetch(talk, patch_set.name, paths, backup_root=backup_root)
-    plan = cached_plan(patch_set, fetched)
+    # the files' sha256 first: when they name a plan already made (another host of this
+    # run, or an earlier run), the texts need not cross the network; else ask for them
+    fetched = remote.fetch(talk, patch_set.name, paths, backup_root=backup_root, texts=False)
+    plan = known_plan(patch_set, fetched)
+    if plan is None:
+        fetched = remote.fetch(talk, patch_set.name, paths, backup_root=backup_root)
+        plan = cached_plan(patch_set, fetched)
     _undecodable(fetched, plan)
     # the sha256 the host reported must be the text the engine saw
     for f in plan.files:

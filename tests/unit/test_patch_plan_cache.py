@@ -91,3 +91,49 @@ def test_a_plan_file_others_may_write_is_not_read(
     monkeypatch.setattr(service, "_PLAN_CACHE", {})
     service.cached_plan(ps, _fetched(texts))
     assert len(counted) == 2
+
+
+def _without_texts(fetched: remote.Fetched) -> remote.Fetched:
+    files = {
+        p: remote.RemoteFile(p, f.exists, None, f.sha256, f.error) for p, f in fetched.files.items()
+    }
+    return remote.Fetched(VERSION, "/pkg", "/py", "3.11", "/b", files)
+
+
+def test_a_known_plan_is_found_by_the_files_sha256_alone(
+    counted: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ps = load_patch_set()
+    fetched = _fetched(_texts(ps))
+    assert service.known_plan(ps, _without_texts(fetched)) is None
+    made = service.cached_plan(ps, fetched)
+    same = service.known_plan(ps, _without_texts(fetched))
+    monkeypatch.setattr(service, "_PLAN_CACHE", {})  # a new process: from the stored plan
+    stored = service.known_plan(ps, _without_texts(fetched))
+    assert same is not None and stored is not None
+    assert [f.new_text for f in same.files] == [f.new_text for f in made.files]
+    assert [f.new_text for f in stored.files] == [f.new_text for f in made.files]
+    assert len(counted) == 1
+    # each host gets its own copy: one host's report never changes another's plan
+    same.files[0].status = "conflict"
+    again = service.known_plan(ps, _without_texts(fetched))
+    assert again is not None and again.files[0].status == made.files[0].status
+
+
+def test_a_text_that_its_sha256_does_not_name_is_planned_but_never_kept(
+    counted: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ps = load_patch_set()
+    texts = _texts(ps)
+    honest = _fetched(texts)
+    path = next(p for p, t in texts.items() if t)
+    lying = _fetched({**texts, path: texts[path] + "\n# not what the sha256 says\n"})  # type: ignore[operator]
+    lying.files[path].sha256 = honest.files[path].sha256
+    service.cached_plan(ps, lying)
+    # a later host reporting the same sha256 must not get the plan of the other text
+    assert service.known_plan(ps, _without_texts(honest)) is None
+    monkeypatch.setattr(service, "_PLAN_CACHE", {})
+    assert service.known_plan(ps, _without_texts(honest)) is None
+    plan = service.cached_plan(ps, honest)
+    assert len(counted) == 2
+    assert plan.files == service.cached_plan(ps, honest).files

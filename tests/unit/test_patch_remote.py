@@ -105,6 +105,38 @@ def test_fetch_locates_vllm_without_importing_it(
     assert not (Path(conn.env["HOME"]) / ".fleet").exists()  # reading writes nothing
 
 
+def test_texts_stay_on_the_host_when_their_plan_is_known(
+    host: tuple[LocalRunner, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet.patching import service
+
+    conn, pkg = host
+    monkeypatch.setattr(service, "_PLAN_CACHE", {})
+    monkeypatch.setenv("FLEET_CACHE", str(pkg.parent.parent / "cache"))
+    asked: list[tuple[bool, int]] = []  # (texts asked for, texts received) per fetch
+    real = remote.fetch
+
+    def fetch(*args: Any, **kwargs: Any) -> remote.Fetched:
+        got = real(*args, **kwargs)
+        asked.append(
+            (kwargs.get("texts", True), sum(f.text is not None for f in got.files.values()))
+        )
+        return got
+
+    monkeypatch.setattr(remote, "fetch", fetch)
+    first = apply_host(conn, patch_set, check=True)
+    second = apply_host(conn, patch_set, check=True)
+    present = sum(1 for s in patch_set.manifest.files if (pkg / s.path).exists())
+    # the first host's sha256 name no plan: its texts are asked for; then they are not
+    assert asked == [(False, 0), (True, present), (False, 0)]
+    assert second.to_json(with_diff=True) == first.to_json(with_diff=True)
+    assert "would-apply" in statuses(second).values()
+    applied = apply_host(conn, patch_set)  # the write, from the plan the sha256 named
+    assert asked[-1] == (False, 0)
+    assert applied.changed
+    assert shas(pkg, patch_set) == {f.path: f.sha256_after for f in first.files}
+
+
 def test_apply_again_revert_apply(host: tuple[LocalRunner, Path], patch_set: PatchSet) -> None:
     conn, pkg = host
     original = shas(pkg, patch_set)
