@@ -218,6 +218,23 @@ def test_python_is_parsed_only_through_the_one_parse_lock() -> None:
     assert offenders == []
 
 
+def test_yaml_is_read_only_through_safeyaml() -> None:
+    """Every YAML file fleet reads goes through ``fleet.safeyaml`` (bounded depth and
+    aliases, duplicate keys refused, libyaml's parser): no other module calls PyYAML's
+    loaders (``yaml.safe_load``, ``yaml.load``, ``yaml.full_load``...)."""
+    offenders = []
+    for path, tree in _py_files(skip=("safeyaml.py",)):
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "yaml"
+                and "load" in node.attr
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: yaml.{node.attr}")
+    assert offenders == []
+
+
 def _logs(tree: ast.Module) -> bool:
     """Does the module call ``log.<level>(...)`` or ``logging.<level>(...)``?"""
     for node in ast.walk(tree):
