@@ -153,18 +153,24 @@ def _faithful(fetched: remote.Fetched) -> bool:
     )
 
 
+def _kept(patch_set: PatchSet, key: tuple[Any, ...]) -> HostPlan | None:
+    """The plan kept under ``key`` (this run's, else a stored one); the caller holds the
+    key's lock."""
+    plan = _PLAN_CACHE.get(key)
+    if plan is None:
+        plan = _stored_plan(patch_set, key)
+        if plan is not None:
+            _PLAN_CACHE[key] = plan
+    return plan
+
+
 def known_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan | None:
     """The plan of these files (by their sha256 alone: ``fetched`` may have no texts) if
     this run or an earlier one made it, else None."""
     key = _plan_cache_key(patch_set, fetched)
     with _plan_lock(key):
-        plan = _PLAN_CACHE.get(key)
-        if plan is None:
-            plan = _stored_plan(patch_set, key)
-            if plan is None:
-                return None
-            _PLAN_CACHE[key] = plan
-        return plan.copy()
+        plan = _kept(patch_set, key)
+    return plan.copy() if plan is not None else None
 
 
 def cached_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan:
@@ -173,15 +179,14 @@ def cached_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan:
     has the texts; a plan of texts that do not match their sha256 is not kept."""
     key = _plan_cache_key(patch_set, fetched)
     with _plan_lock(key):
-        if key not in _PLAN_CACHE:
-            stored = _stored_plan(patch_set, key)
-            if stored is None:
-                stored = plan_host(patch_set, fetched.vllm_version, fetched.texts())
-                if not _faithful(fetched):
-                    return stored
-                _store_plan(patch_set, key, stored)
-            _PLAN_CACHE[key] = stored
-        return _PLAN_CACHE[key].copy()
+        plan = _kept(patch_set, key)
+        if plan is None:
+            plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
+            if not _faithful(fetched):
+                return plan
+            _store_plan(patch_set, key, plan)
+            _PLAN_CACHE[key] = plan
+    return plan.copy()
 
 
 # Plans kept across runs (``fleet patch --check`` then an apply then a no-op apply plan
