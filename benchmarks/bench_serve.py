@@ -117,8 +117,8 @@ def _run(box: Sandbox, args: argparse.Namespace) -> int:
 
 def _cuts(box: Sandbox, host: str) -> str:
     from fleet.inventory import load_inventory
-    from fleet.serving.follow import LogFollower, PhysicalLines
     from fleet.transport import Session
+    from fleet.transport.follow import LogFollower, PhysicalLines
 
     box.set_sim(host, number_lines=True, load_seconds=30)
     _code, doc, _, _ = fleet(box, "serve", "kimi-eagle3", "--host", host, "--no-wait")

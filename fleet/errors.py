@@ -59,6 +59,7 @@ CODES: dict[str, str] = {
     "serve-timeout": "vLLM was not ready within the load budget",
     "not-ready": "vLLM answered but a readiness check failed",
     "supervisor-failed": "the supervisor could not be installed, started or asked",
+    "supervisor-unavailable": "the profile's supervisor cannot run on the host (e.g. systemd)",
     "internal-error": "a bug in fleet (rerun with -vv and report the traceback)",
 }
 

@@ -15,9 +15,10 @@ from fleet.errors import EXIT_OK
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from fleet.inventory import HostSpec
     from fleet.serving.service import ServeResult
     from fleet.serving.status import StopReport
-    from fleet.transport import HostOutcome, Runner
+    from fleet.transport import HostOutcome
 
 OUTCOME_STYLE = {
     "ready": "bold green",
@@ -83,6 +84,9 @@ class Display:
                 row["phase"] = event["phase"]
             elif kind == "result":
                 row["phase"] = event.get("outcome")
+            elif kind in ("launch", "attach"):
+                row["pid"] = event.get("pid")
+                row["supervisor"] = event.get("supervisor")
             if self.events:
                 emit_json_line(event)
                 return
@@ -164,7 +168,15 @@ def _event_line(event: dict[str, Any]) -> str | None:
         found = event.get("diagnoses") or []
         return f"{t} preflight: " + ("ok" if event.get("ok") else "found " + ", ".join(found))
     if kind == "launch":
-        return f"{t} launched under {event.get('supervisor')} supervisord, pid {event.get('pid')}"
+        how = event.get("supervisor")
+        if how == "supervisord" and event.get("source"):
+            how = f"{event.get('source')} supervisord"
+        again = " (a retried launch: started once)" if event.get("resumed") else ""
+        return f"{t} launched under {how}, pid {event.get('pid')}{again}"
+    if kind == "attach":
+        since = event.get("loading_s")
+        ago = f", loading for {_clock(since)}" if since is not None else ""
+        return f"{t} re-attached to the running server (pid {event.get('pid')}{ago})"
     if kind == "phase":
         return f"{t} phase {event['phase']}"
     if kind == "crash":
@@ -223,13 +235,17 @@ def serve(
         timeout=timeout,
         stall_timeout=stall_timeout,
     )
-    inventory = {h.name: h for h in selected}
     with Display(app, [h.name for h in selected], events=events) as display:
 
-        def one(conn: Runner) -> ServeResult:
-            return serve_host(session, inventory[conn.host.name], profile, options, display)
+        def one(host: HostSpec) -> ServeResult:
+            # serve_host owns the host's connection (its HostLink) for the whole serve
+            return serve_host(session, host, profile, options, display)
 
-        outcomes = app.fan_out(selected, one, session)
+        try:
+            outcomes = app.map_hosts(selected, one, session)
+        except KeyboardInterrupt:
+            _interrupted(app, display, profile)
+            raise
     if app.json_output:
         from fleet.cli.render import emit_json
         from fleet.transport import hosts_json
@@ -238,6 +254,30 @@ def serve(
     elif not events:
         _render_serve(app.console, outcomes)
     return exit_code(outcomes)
+
+
+def _interrupted(app: AppContext, display: Display, profile: str) -> None:
+    """Ctrl-C: the servers fleet started or followed keep loading; say so, and how to
+    follow them again, see them, or stop them."""
+    from fleet.cli.render import emit_json
+
+    with display.lock:
+        rows = {h: dict(r) for h, r in display.rows.items()}
+    started = {h: r for h, r in rows.items() if r.get("pid")}
+    if app.json_output:
+        emit_json({"interrupted": True, "hosts": {
+            h: {"outcome": "interrupted", "server": "running" if h in started else "unknown",
+                "pid": r.get("pid"), "phase": r.get("phase")}
+            for h, r in rows.items()
+        }})  # fmt: skip
+    for host, row in started.items():
+        app.err_console.print(
+            f"{host}: interrupted; the server keeps loading under {row.get('supervisor')} "
+            f"(pid {row.get('pid')}, phase {row.get('phase')}). "
+            f"`fleet serve {profile} --host {host}` follows it again, `fleet status --host "
+            f"{host}` shows it, `fleet stop {profile} --host {host}` stops it.",
+            soft_wrap=True, markup=False, highlight=False,
+        )  # fmt: skip
 
 
 def _render_serve(out: Console, outcomes: list[HostOutcome[ServeResult]]) -> None:

@@ -19,7 +19,7 @@ from fleet.diagnosis.catalogue import CompiledCatalogue, load_catalogue
 from fleet.diagnosis.engine import diagnose
 from fleet.diagnosis.models import Diagnosis
 
-KINDS = ("load-stalled", "load-timeout", "process-exited")
+KINDS = ("load-stalled", "load-timeout", "process-exited", "supervisor-died", "patch-not-applied")
 _VALUE = re.compile(r"[A-Za-z0-9_.:/\-]+")
 _KEY = re.compile(r"[a-z][a-z0-9_]*")
 

@@ -66,6 +66,8 @@ TAXONOMY: tuple[str, ...] = (
     "load-stalled",
     "load-timeout",
     "process-exited",
+    "supervisor-died",
+    "patch-not-applied",
     "unrecognized-error",
 )
 

@@ -36,8 +36,8 @@ from fleet.transport.shell import Raw, RemotePath
 
 if TYPE_CHECKING:
     from fleet.inventory import HostSpec
-    from fleet.serving.follow import Connects
     from fleet.transport import Runner
+    from fleet.transport.session import Session
 
 WINDOW = 3
 HEAD_LINES = 100_000  # at most this many output lines from the start of the grep output...
@@ -441,7 +441,7 @@ def follow(
 
 
 def follow_resumable(
-    session: Connects,
+    session: Session,
     host: HostSpec,
     path: str,
     *,
@@ -451,14 +451,16 @@ def follow_resumable(
 ) -> Generator[tuple[int, str, list[Diagnosis]], None, None]:
     """:func:`follow` that survives a dropped connection or a restarted host: the last
     ``lines`` lines of one snapshot (and its ``#fleet`` header), then the bytes after that
-    snapshot through :class:`fleet.serving.follow.LogFollower`, which reconnects (with
-    backoff) and asks for the byte after the last one it received -- no line is lost,
-    repeated or renumbered across a reconnect."""
-    from fleet.serving.follow import LogFollower
+    snapshot through :class:`fleet.transport.follow.LogFollower`, which reconnects (with
+    backoff, through a :class:`~fleet.transport.link.HostLink`) and asks for the byte after
+    the last one it received -- no line is lost, repeated or renumbered across a
+    reconnect."""
+    from fleet.transport.follow import LogFollower
+    from fleet.transport.link import HostLink
     from fleet.transport.runner import split_lines
 
-    conn = session.connect(host)
-    res = conn.run(tail_command(path, lines), timeout=120.0)
+    link = HostLink(session, host)
+    res = link.call("tail", lambda conn: conn.run(tail_command(path, lines), timeout=120.0))
     if res.exit_code in (EXIT_NO_FILE, EXIT_NOT_REGULAR) or not res.ok:
         msg = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "tail failed"
         raise OperationFailed(
@@ -468,7 +470,7 @@ def follow_resumable(
     first = res.stdout_bytes.split(b"\n", 1)[0].decode("utf-8", errors="replace")
     if not parse_header(first, header):
         raise OperationFailed(f"{host.name}: cannot read {path}: no header from the host")
-    follower = LogFollower(session, host, path, offset=header.size, tick=tick)
+    follower = LogFollower(link, host, path, offset=header.size, tick=tick)
     snapshot = res.stdout_bytes
     if header.open and snapshot.endswith(b"\n"):
         snapshot = snapshot[:-1]  # the newline is cut's, not the file's

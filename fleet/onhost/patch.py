@@ -28,7 +28,6 @@
 # step fail. Points: after-lock, after-backup, after-temp, after-first-rename,
 # after-rename, before-manifest.
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -36,6 +35,14 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from fleet.onhost._common import Refused, hold_on_hangup, inside, loads, locate_vllm
+from fleet.onhost.files import (
+    FileLock,
+    drop_stale_temps,
+    fsync_dir,
+    replace_file,
+    unlink_quietly,
+    write_temp,
+)
 
 PATCH_SCHEMA = 1
 LOCK_TIMEOUT = 120.0
@@ -107,98 +114,9 @@ def _load_manifest(directory: str) -> Optional[Dict[str, Any]]:
     return loads(data)
 
 
-# -- durable writes -----------------------------------------------------------------------
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_temp(path: str, data: bytes, like: Optional[str] = None) -> str:
-    """A complete, fsynced temp file next to ``path`` (same directory, same filesystem).
-
-    A new, unique name (mkstemp: O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600), so nothing that
-    already sits there (a symlink planted under a guessable name) is ever opened; the
-    temp file is removed again if anything fails before it is complete."""
-    fd, tmp = _new_temp(path)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if like is not None:
-            st = os.stat(like)
-            os.chmod(tmp, st.st_mode & 0o7777)
-            try:
-                os.chown(tmp, st.st_uid, st.st_gid)
-            except OSError:
-                pass
-    except BaseException:
-        _unlink(tmp)
-        raise
-    return tmp
-
-
-def _new_temp(path: str) -> Tuple[int, str]:
-    """A new file ``.<name>.fleet-tmp-<random>`` beside ``path``, opened as mkstemp opens
-    one (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600): a name already taken is never opened."""
-    directory = os.path.dirname(path) or "."
-    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    flags |= getattr(os, "O_CLOEXEC", 0)
-    for _attempt in range(100):
-        name = ".%s.fleet-tmp-%s" % (os.path.basename(path), os.urandom(6).hex())
-        tmp = os.path.join(directory, name)
-        try:
-            return os.open(tmp, flags, 0o600), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(errno.EEXIST, "no unused temporary name", path)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _drop_stale_temps(path: str) -> None:
-    directory = os.path.dirname(path) or "."
-    prefix = f".{os.path.basename(path)}.fleet-tmp-"
-    try:
-        entries = os.listdir(directory)
-    except OSError:
-        return
-    for entry in entries:
-        if entry.startswith(prefix):
-            try:
-                os.unlink(os.path.join(directory, entry))
-            except OSError:
-                pass
-
-
-def _replace(path: str, data: bytes, like: Optional[str] = None) -> None:
-    tmp = _write_temp(path, data, like)
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path) or ".")
-
-
 def _write_json(path: str, obj: Any) -> None:
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    _replace(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    replace_file(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def _history(root: str, record: Dict[str, Any]) -> None:
@@ -210,33 +128,10 @@ def _history(root: str, record: Dict[str, Any]) -> None:
         os.fsync(fh.fileno())
 
 
-class _Lock:
-    """An exclusive flock under the backup root: one fleet write per host at a time."""
-
-    def __init__(self, root: str) -> None:
-        self.root = os.path.expanduser(root)
-        self.fd = -1
-
-    def __enter__(self) -> "_Lock":
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
-        self.fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        deadline = time.monotonic() + LOCK_TIMEOUT
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise
-                if time.monotonic() > deadline:
-                    raise Refused(
-                        "another fleet patch holds the lock on this host", "host-busy"
-                    ) from None
-                time.sleep(0.1)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
+def _patch_lock(root: str) -> FileLock:
+    """One fleet write of vLLM's files per host at a time (the lock under the backup root)."""
+    path = os.path.join(os.path.expanduser(root), ".lock")
+    return FileLock(path, LOCK_TIMEOUT, "another fleet patch holds the lock on this host")
 
 
 def _compile(data: bytes, path: str) -> Optional[str]:
@@ -330,10 +225,10 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
     root = request["backup_root"]
     directory = backup_dir(root, request["patch_set"], where["version"], package_dir)
     items = request["files"]
-    with _Lock(root):
+    with _patch_lock(root):
         _fault(request, "after-lock")
         for item in items:  # temp files left by a run that was killed
-            _drop_stale_temps(target_path(package_dir, item["path"]))
+            drop_stale_temps(target_path(package_dir, item["path"]))
         # 1. every file still has the sha256 that was read, or nothing is written
         originals: Dict[str, bytes] = {}
         news: Dict[str, bytes] = {}
@@ -387,7 +282,7 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
             os.makedirs(os.path.dirname(backup), mode=0o700, exist_ok=True)
             existing = _read(backup)
             if existing is None or _sha(existing) != item["sha256_before"]:
-                _replace(backup, originals[relpath])
+                replace_file(backup, originals[relpath])
             manifest["files"][relpath] = {
                 "sha256_before": item["sha256_before"],
                 "sha256_after": item["sha256_after"],
@@ -441,19 +336,19 @@ def _write_and_record(
     try:
         for item in items:
             path = target_path(package_dir, item["path"])
-            tmp = _write_temp(path, news[item["path"]], path)
+            tmp = write_temp(path, news[item["path"]], path)
             temps.append((item["path"], tmp, path))
         _fault(request, "after-temp")
         for relpath, tmp, path in temps:
             os.replace(tmp, path)
             replaced.append(relpath)
-            _fsync_dir(os.path.dirname(path))
+            fsync_dir(os.path.dirname(path))
             if len(replaced) == 1:
                 _fault(request, "after-first-rename")
     finally:
         for relpath, tmp, _path in temps:
             if relpath not in replaced:
-                _unlink(tmp)
+                unlink_quietly(tmp)
     _fault(request, "after-rename")
 
     # 4. stale bytecode, the manifest, the history
@@ -494,7 +389,7 @@ def _undo(
     for relpath in replaced:
         path = target_path(package_dir, relpath)
         try:
-            _replace(path, originals[relpath], path)
+            replace_file(path, originals[relpath], path)
         except Exception as exc:
             failed.append({"path": relpath, "error": f"{type(exc).__name__}: {exc}"})
         _drop_pycache(path)
@@ -576,7 +471,7 @@ def op_revert(request: Dict[str, Any]) -> Dict[str, Any]:
             "ok": not any(r["status"] == "conflict" for r in results.values()),
             "files": results,
         }
-    with _Lock(root):
+    with _patch_lock(root):
         _fault(request, "after-lock")
         manifest = _load_manifest(directory)
         if manifest is None:
@@ -588,7 +483,7 @@ def op_revert(request: Dict[str, Any]) -> Dict[str, Any]:
                     r["status"] = "would-revert"
             return {"ok": False, "files": results}
         for n, (_relpath, path, data) in enumerate(restore):
-            _replace(path, data, path if os.path.exists(path) else None)
+            replace_file(path, data, path if os.path.exists(path) else None)
             if n == 0:
                 _fault(request, "after-first-rename")
         for relpath, path, data in restore:

@@ -5,72 +5,43 @@
 #              vLLM and what it says about EAGLE-3 (target class, allowlist, drafter
 #              architectures and config types it knows), both config.json files and the
 #              weight files next to them, GPUs and their free memory (nvidia-smi), the port
-#              (a plain bind(): vLLM binds before it listens), disk, the profile's server
-#              (supervisor state, /health) and whether another fleet serve holds its lock.
-#   launch     under the profile's lock: refuse a running server (unless "restart"),
-#              rotate the log, write launch.sh, secrets.env (0600) and the supervisor
-#              program atomically, start fleet's own supervisord if it does not run
-#              (installing the supervisor wheel fleet pushed into ~/.fleet/supervisor/venv
-#              when the host has no supervisord), then start the program.
-#   status     per profile: supervisor state, pid, uptime, the log's size and its last
-#              bytes (the local phase tracker reads them), /health.
-#   stop       through the supervisor (TERM to the process group, KILL after the grace
-#              period); idempotent; the GPU memory nvidia-smi reports afterwards.
+#              (a plain bind(): vLLM binds before it listens), disk, the supervisors this
+#              host offers, the profile's server (its supervisor's state, /health, the
+#              launch record) and whether another fleet serve holds its lock.
+#   launch     under the profile's lock (waited for, bounded): a launch is idempotent by
+#              its launch id (a launch retried after a dropped connection finds its own
+#              record and starts nothing); a server already running is re-attached to
+#              (unless "restart"); else rotate the log, write launch.sh, secrets.env (0600)
+#              and the supervisor's file atomically, and start it under the chosen
+#              supervisor (fleet/onhost/supervisors.py: fleet's supervisord, or systemd).
+#   status     per profile: its supervisor's state, pid, uptime, the log's size and its
+#              last bytes (the local phase tracker reads them), /health.
+#   stop       through the profile's supervisor (TERM to the process group, KILL after the
+#              grace period); idempotent; the GPU memory nvidia-smi reports afterwards.
 # Secrets arrive in the request (stdin), are written to a 0600 file and never printed.
 import base64
 import errno
-import fcntl
-import io
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
-import zipfile
 from typing import Any, Dict, List, Optional, Tuple
 
-from fleet.onhost._common import Refused, find_vllm, hold_on_hangup, vllm_version
-from fleet.onhost.probes import disk_usage, executable_file, part_gpus, which
+from fleet.onhost._common import find_vllm, hold_on_hangup, vllm_version
+from fleet.onhost.files import FileLock, lock_held, replace_file
+from fleet.onhost.layout import home, run_dir, run_root
+from fleet.onhost.probes import disk_usage, part_gpus
+from fleet.onhost.supervisors import ACTIVE_STATES, backend, describe_all
 from fleet.onhost.vllm_tree import allowlists, model_classes
 
-RUN_ROOT = os.path.join(".fleet", "run")
-SUP_ROOT = os.path.join(".fleet", "supervisor")
 LOG_TAIL_BYTES = 65536
 CONFIG_MAX = 4 * 1024 * 1024
-SUPERVISOR_WAIT = 20.0
-
-
-def _home() -> str:
-    return os.path.realpath(os.path.expanduser("~"))
-
-
-def _run_dir(name: str) -> str:
-    if not name or "/" in name or name.startswith(".") or len(name) > 64:
-        raise Refused("bad profile name " + repr(name), "bad-request")
-    return os.path.join(_home(), RUN_ROOT, name)
-
-
-def _sup_dir() -> str:
-    return os.path.join(_home(), SUP_ROOT)
-
-
-def _write(path: str, data: bytes, mode: int) -> None:
-    """A complete file at `path` with `mode` from its first byte (temp + fsync + rename)."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    tmp = os.path.join(directory, ".%s.fleet-tmp-%d" % (os.path.basename(path), os.getpid()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fchmod(fd, mode)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
+# A launch waits this long for the profile's lock: a launch of the same request still
+# finishing after its connection dropped, or another fleet serve/stop of the profile.
+LAUNCH_LOCK_WAIT = 120.0
+STOP_LOCK_WAIT = 30.0
+BUSY = "another fleet serve or stop of this profile is running on this host"
 
 # -- observations ------------------------------------------------------------------------
 
@@ -237,24 +208,9 @@ def _metrics(port: int, timeout: float = 5.0, limit: int = 512 * 1024) -> Option
         conn.close()
 
 
-def _lock_held(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-
-
 def op_preflight(request: Dict[str, Any]) -> Dict[str, Any]:
     profile = request["profile"]
-    out: Dict[str, Any] = {"home": _home(), "python": sys.executable}
+    out: Dict[str, Any] = {"home": home(), "python": sys.executable}
     package_dir = find_vllm()
     out["vllm"] = {"path": package_dir}
     if package_dir:
@@ -279,8 +235,8 @@ def op_preflight(request: Dict[str, Any]) -> Dict[str, Any]:
         "path": vllm_exe,
         "ok": os.path.isfile(vllm_exe) and os.access(vllm_exe, os.X_OK),
     }
+    out["supervisors"] = describe_all()
     out["server"] = _profile_state(str(profile["name"]), int(profile["port"]))
-    out["supervisor"] = _supervisor_tools()
     return out
 
 
@@ -318,206 +274,33 @@ def _vllm_knows(package_dir: str, names: List[str]) -> Dict[str, bool]:
     return {n: ('"%s"' % n) in text or ("'%s'" % n) in text for n in names}
 
 
-# -- the supervisor ----------------------------------------------------------------------
-
-
-def _supervisor_tools() -> Dict[str, Any]:
-    """How to run supervisord/supervisorctl here: the host's own (beside the vLLM
-    environment's python, or on PATH), else fleet's own virtualenv, else none."""
-    for daemon in (
-        os.path.join(os.path.dirname(sys.executable), "supervisord"),
-        which("supervisord"),
-    ):
-        if daemon and executable_file(daemon):
-            ctl = os.path.join(os.path.dirname(daemon), "supervisorctl")
-            if executable_file(ctl):
-                return {"source": "host", "supervisord": [daemon], "supervisorctl": [ctl]}
-    venv_python = os.path.join(_sup_dir(), "venv", "bin", "python")
-    if _has_supervisor(venv_python):
-        return {
-            "source": "fleet",
-            "supervisord": [venv_python, "-m", "supervisor.supervisord"],
-            "supervisorctl": [venv_python, "-m", "supervisor.supervisorctl"],
-        }
-    return {"source": None}
-
-
-def _has_supervisor(python: str) -> bool:
-    if not os.path.isfile(python):
-        return False
-    proc = subprocess.run(
-        [python, "-c", "import supervisor.supervisord"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=30,
-    )
-    return proc.returncode == 0
-
-
-def _install_supervisor(wheel_b64: str, wheel_name: str) -> Dict[str, Any]:
-    """fleet's own supervisor: a virtualenv under ~/.fleet/supervisor with the wheel fleet
-    pushed (pure Python, no dependencies: nothing is downloaded on the host)."""
-    venv_dir = os.path.join(_sup_dir(), "venv")
-    python = os.path.join(venv_dir, "bin", "python")
-    if not os.path.isfile(python):
-        proc = subprocess.run(
-            [sys.executable, "-m", "venv", "--without-pip", venv_dir],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=120,
-        )
-        if proc.returncode != 0:
-            raise Refused(
-                "cannot create a virtualenv for supervisor: "
-                + proc.stderr.decode("utf-8", "replace").strip()[-300:],
-                "supervisor-failed",
-            )
-    purelib = (
-        subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=60,
-        )
-        .stdout.decode()
-        .strip()
-    )
-    if not purelib:
-        raise Refused("cannot find the supervisor virtualenv's site-packages", "supervisor-failed")
-    with zipfile.ZipFile(io.BytesIO(base64.b64decode(wheel_b64))) as wheel:
-        for member in wheel.namelist():
-            top = member.split("/", 1)[0]
-            if ".." in member.split("/") or member.startswith("/"):
-                continue
-            if top == "supervisor" or top.endswith(".dist-info"):
-                wheel.extract(member, purelib)
-    if not _has_supervisor(python):
-        raise Refused("supervisor did not install from " + wheel_name, "supervisor-failed")
-    return _supervisor_tools()
-
-
-def _ctl(tools: Dict[str, Any], *args: str, timeout: float = 120.0) -> Any:
-    conf = os.path.join(_sup_dir(), "supervisord.conf")
-    return subprocess.run(
-        [*list(tools["supervisorctl"]), "-c", conf, *list(args)],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=timeout,
-    )
-
-
-def _supervisord_running(tools: Dict[str, Any]) -> bool:
-    if not os.path.exists(os.path.join(_sup_dir(), "supervisor.sock")):
-        return False
-    return _ctl(tools, "pid", timeout=30).returncode == 0
-
-
-def _ensure_supervisord(tools: Dict[str, Any], conf_text: str) -> None:
-    sup = _sup_dir()
-    os.makedirs(os.path.join(sup, "conf.d"), mode=0o700, exist_ok=True)
-    os.makedirs(os.path.join(sup, "childlogs"), mode=0o700, exist_ok=True)
-    conf = os.path.join(sup, "supervisord.conf")
-    changed = True
-    try:
-        with open(conf, encoding="utf-8") as fh:
-            changed = fh.read() != conf_text
-    except OSError:
-        pass
-    if changed:
-        _write(conf, conf_text.encode("utf-8"), 0o600)
-    if _supervisord_running(tools):
-        return
-    # supervisord daemonizes (detached from this SSH session, its streams on /dev/null)
-    proc = subprocess.run(
-        [*list(tools["supervisord"]), "-c", conf],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        timeout=60,
-        cwd=_home(),
-    )
-    deadline = time.monotonic() + SUPERVISOR_WAIT
-    while time.monotonic() < deadline:
-        if _supervisord_running(tools):
-            return
-        time.sleep(0.1)
-    why = proc.stderr.decode("utf-8", "replace").strip()[-300:]
-    why = why or _tail(os.path.join(sup, "supervisord.log"), 300)
-    raise Refused("supervisord did not start: " + why, "supervisor-failed")
-
-
-def _tail(path: str, n: int) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, os.path.getsize(path) - n))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def _program_status(tools: Dict[str, Any], name: str) -> Dict[str, Any]:
-    """supervisorctl's view of the program: state, pid, its description."""
-    if tools.get("source") is None or not _supervisord_running(tools):
-        return {"state": "STOPPED", "supervisord": False}
-    proc = _ctl(tools, "status", name, timeout=30)
-    line = proc.stdout.decode("utf-8", "replace").strip().splitlines()
-    text = line[0] if line else ""
-    fields = text.split(None, 2)
-    state = fields[1] if len(fields) > 1 and fields[0] == name else "UNKNOWN"
-    if "no such process" in text.lower() or "ERROR (no such" in text:
-        state = "ABSENT"
-    out: Dict[str, Any] = {"state": state, "supervisord": True, "description": text[:300]}
-    if state == "RUNNING" and "pid " in text:
-        try:
-            out["pid"] = int(text.split("pid ", 1)[1].split(",", 1)[0])
-        except ValueError:
-            pass
-    return out
-
-
 # -- launch / status / stop --------------------------------------------------------------
 
 
-class _Lock:
-    """The profile's lock: one fleet serve (or stop) of a profile on a host at a time."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.fd = -1
-
-    def __enter__(self) -> "_Lock":
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(self.fd)
-            self.fd = -1
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise Refused(
-                    "another fleet serve or stop of this profile is running on this host",
-                    "host-busy",
-                ) from None
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-
-
-def _state_file(run_dir: str) -> Dict[str, Any]:
-    found = _read_json(os.path.join(run_dir, "state.json"))
+def _state_file(directory: str) -> Dict[str, Any]:
+    found = _read_json(os.path.join(directory, "state.json"))
     return found.get("value") or {}
 
 
+def _save_state(directory: str, state: Dict[str, Any]) -> None:
+    replace_file(os.path.join(directory, "state.json"), json.dumps(state).encode("utf-8"))
+
+
+def _program(name: str, launch: Dict[str, Any]) -> Dict[str, Any]:
+    """The program's state under the supervisor its last launch used."""
+    sup = backend(launch.get("supervisor"))
+    out = sup.state(name, launch)
+    out["supervisor"] = sup.name
+    return out
+
+
 def _profile_state(name: str, port: int) -> Dict[str, Any]:
-    run_dir = _run_dir(name)
-    tools = _supervisor_tools()
-    out: Dict[str, Any] = {"exists": os.path.isdir(run_dir)}
-    out["lock_held"] = _lock_held(os.path.join(run_dir, "lock"))
-    out["program"] = _program_status(tools, name)
-    out["launch"] = _state_file(run_dir)
+    directory = run_dir(name)
+    launch = _state_file(directory)
+    out: Dict[str, Any] = {"exists": os.path.isdir(directory)}
+    out["lock_held"] = lock_held(os.path.join(directory, "lock"))
+    out["program"] = _program(name, launch)
+    out["launch"] = launch
     out["health"] = _health(port) if out["program"]["state"] == "RUNNING" else None
     return out
 
@@ -525,79 +308,79 @@ def _profile_state(name: str, port: int) -> Dict[str, Any]:
 def op_launch(request: Dict[str, Any]) -> Dict[str, Any]:
     hold_on_hangup()
     name = str(request["name"])
-    run_dir = _run_dir(name)
+    directory = run_dir(name)
     files = request["files"]
-    with _Lock(os.path.join(run_dir, "lock")):
-        tools = _supervisor_tools()
-        if tools.get("source") is None:
-            wheel = request.get("supervisor_wheel")
-            if not wheel:
-                raise Refused(
-                    "the host has no supervisord and no wheel was sent", "supervisor-failed"
+    launch_id = str(request.get("launch_id") or "")
+    with FileLock(
+        os.path.join(directory, "lock"), float(request.get("lock_wait", LAUNCH_LOCK_WAIT)), BUSY
+    ):
+        previous = _state_file(directory)
+        status = _program(name, previous)
+        if launch_id and previous.get("launch_id") == launch_id:
+            # this very request launched already (its answer was lost with the connection)
+            return dict(
+                previous,
+                state=status["state"],
+                pid=status.get("pid") or previous.get("pid"),
+                resumed=True,
+            )
+        if status["state"] in ACTIVE_STATES:
+            if not request.get("restart"):
+                # a server of this profile runs (another fleet serve started it): follow it
+                return dict(
+                    previous,
+                    state=status["state"],
+                    pid=status.get("pid") or previous.get("pid"),
+                    attached=True,
                 )
-            tools = _install_supervisor(wheel, str(request.get("supervisor_wheel_name")))
-        if _supervisord_running(tools):
-            status = _program_status(tools, name)
-            if status["state"] in ("RUNNING", "STARTING", "BACKOFF", "STOPPING"):
-                if not request.get("restart"):
-                    raise Refused(
-                        "a server for %s already runs here (pid %s)" % (name, status.get("pid")),
-                        "already-running",
-                    )
-                _ctl(tools, "stop", name, timeout=float(request.get("stop_timeout") or 120))
-        log = os.path.join(run_dir, "vllm.log")
+            backend(previous.get("supervisor")).stop(
+                name, float(request.get("stop_timeout") or 120)
+            )
+        sup = backend(str(request.get("supervisor") or "supervisord"))
+        sup.prepare(request)
+        log = os.path.join(directory, "vllm.log")
         if os.path.exists(log):
             os.replace(log, log + ".1")
-        _write(os.path.join(run_dir, "launch.sh"), files["launch.sh"].encode("utf-8"), 0o700)
-        _write(os.path.join(run_dir, "secrets.env"), files["secrets.env"].encode("utf-8"), 0o600)
-        _write(log, b"", 0o600)
-        program = os.path.join(_sup_dir(), "conf.d", name + ".conf")
-        _ensure_supervisord(tools, files["supervisord.conf"])
-        _write(program, files["program.conf"].encode("utf-8"), 0o600)
-        for step in (["reread"], ["update", name]):
-            proc = _ctl(tools, *step)
-            if proc.returncode != 0:
-                raise Refused(
-                    "supervisorctl %s: %s" % (" ".join(step), _text(proc)), "supervisor-failed"
-                )
+        replace_file(
+            os.path.join(directory, "launch.sh"), files["launch.sh"].encode("utf-8"), mode=0o700
+        )
+        replace_file(
+            os.path.join(directory, "secrets.env"), files["secrets.env"].encode("utf-8"), mode=0o600
+        )
+        replace_file(log, b"", mode=0o600)
         started = time.time()
-        proc = _ctl(tools, "start", name)
-        status = _program_status(tools, name)
-        if proc.returncode != 0 and status["state"] not in ("RUNNING", "EXITED"):
-            raise Refused("supervisorctl start %s: %s" % (name, _text(proc)), "supervisor-failed")
+        sup.start(name, files)
+        status = sup.state(name, {})
         st = os.stat(log)
         state = {
             "name": name,
+            "launch_id": launch_id,
             "started_at": started,
             "pid": status.get("pid"),
             "log": log,
             "log_inode": st.st_ino,
             "port": request.get("port"),
-            "supervisor": tools["source"],
+            "supervisor": sup.name,
+            "supervisor_source": getattr(sup, "tools", {}).get("source") or sup.name,
         }
-        _write(os.path.join(run_dir, "state.json"), json.dumps(state).encode("utf-8"), 0o600)
-        return dict(state, state=status["state"], supervisor_source=tools["source"])
-
-
-def _text(proc: Any) -> str:
-    return (proc.stdout + proc.stderr).decode("utf-8", "replace").strip()[-300:]
+        _save_state(directory, state)
+        return dict(state, state=status["state"])
 
 
 def op_status(request: Dict[str, Any]) -> Dict[str, Any]:
     names = request.get("names")
-    root = os.path.join(_home(), RUN_ROOT)
+    root = run_root()
     if not names:
         try:
             names = sorted(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n)))
         except OSError:
             names = []
-    tools = _supervisor_tools()
     profiles: Dict[str, Any] = {}
     for name in names:
-        run_dir = _run_dir(str(name))
-        launch = _state_file(run_dir)
-        program = _program_status(tools, str(name))
-        log = os.path.join(run_dir, "vllm.log")
+        directory = run_dir(str(name))
+        launch = _state_file(directory)
+        program = _program(str(name), launch)
+        log = os.path.join(directory, "vllm.log")
         entry: Dict[str, Any] = {"program": program, "launch": launch, "now": time.time()}
         try:
             st = os.stat(log)
@@ -619,23 +402,25 @@ def op_status(request: Dict[str, Any]) -> Dict[str, Any]:
 def op_stop(request: Dict[str, Any]) -> Dict[str, Any]:
     hold_on_hangup()
     name = str(request["name"])
-    run_dir = _run_dir(name)
-    tools = _supervisor_tools()
-    before = _program_status(tools, name)
-    if before["state"] not in ("RUNNING", "STARTING", "BACKOFF", "STOPPING"):
+    directory = run_dir(name)
+    launch = _state_file(directory)
+    before = _program(name, launch)
+    if before["state"] not in ACTIVE_STATES:
         return {"was_running": False, "state": before["state"], "gpus": part_gpus()}
-    with _Lock(os.path.join(run_dir, "lock")):
+    with FileLock(os.path.join(directory, "lock"), STOP_LOCK_WAIT, BUSY):
         started = time.monotonic()
-        proc = _ctl(tools, "stop", name, timeout=float(request.get("timeout") or 300))
-        after = _program_status(tools, name)
-        gpus = part_gpus()
+        sup = backend(launch.get("supervisor"))
+        launch["stopped_at"] = time.time()
+        _save_state(directory, launch)
+        text = sup.stop(name, float(request.get("timeout") or 300))
+        after = _program(name, launch)
         return {
             "was_running": True,
             "pid": before.get("pid"),
             "state": after["state"],
             "stopped_in_s": round(time.monotonic() - started, 3),
-            "supervisorctl": _text(proc),
-            "gpus": gpus,
+            "supervisorctl": text,
+            "gpus": part_gpus(),
         }
 
 

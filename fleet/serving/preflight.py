@@ -12,11 +12,14 @@ bind), disk. Each finding cites what was observed as its evidence.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet.diagnosis.models import Diagnosis, Evidence
 from fleet.facts.parsers import find_eagle3_class, parse_allowlist, parse_gpu_part
 from fleet.serving.profile import Profile
+
+if TYPE_CHECKING:
+    from fleet.patching.service import HostReport
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -351,3 +354,32 @@ def _drafter(
                 drafter_arch=arch,
             )
         )
+
+
+def judge_patch(report: HostReport, *, host: str) -> list[Diagnosis]:
+    """The profile's ``requires_patch`` against ``fleet patch --check`` on the host: applied
+    or not needed is a go; a patch set that would still apply, or that conflicts, is a
+    refusal with its fix."""
+    status = report.status
+    if status in ("already-applied", "not-needed"):
+        return []
+    pending = [f for f in report.files if f.status in ("would-apply", "conflict")]
+    evidence = [f"{f.path}: {f.status}" + (f" ({f.note})" if f.note else "") for f in pending]
+    from fleet.patching.manifest import DEFAULT_PATCH_SET
+
+    option = "" if report.patch_set == DEFAULT_PATCH_SET else f" --patch {report.patch_set}"
+    if status == "conflict":
+        return [
+            diagnosis(
+                "patch-not-applied", host, evidence or ["conflict"], seen_by="fleet patch --check",
+                patch=report.patch_set, version=report.vllm_version, state="conflicts",
+                option=f"{option} --diff",
+            )
+        ]  # fmt: skip
+    return [
+        diagnosis(
+            "patch-not-applied", host, evidence or [status], seen_by="fleet patch --check",
+            patch=report.patch_set, version=report.vllm_version, state="is not applied",
+            option=option,
+        )
+    ]  # fmt: skip

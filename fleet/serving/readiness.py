@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,15 @@ def request(
         response = http_conn.getresponse()
         return HttpAnswer(response.status, response.read())
     except (OSError, http.client.HTTPException) as exc:
+        alive = getattr(conn, "transport_alive", None)
+        if alive is not None and not alive():
+            # the SSH connection dropped under the request: a connection fault (the
+            # caller's link reconnects), not an answer of the server
+            from fleet.transport.connection import ConnectionLost
+
+            raise ConnectionLost(
+                conn.host.name, f"connection lost during {method} {path}"
+            ) from None
         raise ConnectionRefusedError(f"{method} {path}: {exc}") from None
     finally:
         http_conn.close()
@@ -224,14 +234,19 @@ def check(
     completions: int = len(PROMPTS),
     max_tokens: int = 32,
     listen_timeout: float = LISTEN_TIMEOUT,
+    on_step: Callable[[str], None] | None = None,
 ) -> Readiness:
     """/health, /v1/models, test completions and the acceptance rate (the server is up:
-    the caller waited for /health or ``Application startup complete.``)."""
+    the caller waited for /health or ``Application startup complete.``). ``on_step`` is
+    told each step as it starts (health, models, metrics, completions)."""
     out = Readiness()
+    step = on_step or (lambda _name: None)
+    step("health")
     health = wait_listening(conn, port, timeout=listen_timeout)
     if health.status != 200:
         raise NotReady(f"{conn.host.name}: GET /health answered {health.status}")
     out.steps.append("health")
+    step("models")
     models = request(conn, port, "GET", "/v1/models", api_key=api_key)
     if models.status != 200:
         raise NotReady(f"{conn.host.name}: GET /v1/models answered {models.status}")
@@ -239,7 +254,9 @@ def check(
     if served_name not in names:
         raise NotReady(f"{conn.host.name}: /v1/models lists {names}, not {served_name!r}")
     out.steps.append("models")
+    step("metrics")
     before = parse_metrics(_metrics(conn, port), served_name)
+    step("completions")
     for prompt in PROMPTS[: max(1, completions)]:
         answer = request(
             conn,
@@ -256,6 +273,7 @@ def check(
         choices = answer.json().get("choices") or [{}]
         out.completion = str(choices[0].get("text", ""))[:200]
     out.steps.append("completions")
+    step("metrics")
     after = parse_metrics(_metrics(conn, port), served_name)
     if after.found:
         out.spec_decode = acceptance(before, after)

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.onhost.runner import run_onhost
-from fleet.serving import units
+from fleet.serving import supervisor, units
 from fleet.serving.profile import Profile
+from fleet.serving.supervisor import Backend
 
 if TYPE_CHECKING:
     from fleet.transport import Runner
@@ -39,25 +40,33 @@ class PreflightAnswer(_Answer):
     disk: dict[str, Any] = Field(default_factory=dict)
     vllm_executable: dict[str, Any] = Field(default_factory=dict)
     server: dict[str, Any] = Field(default_factory=dict)
-    supervisor: dict[str, Any] = Field(default_factory=dict)
+    supervisors: dict[str, Any] = Field(default_factory=dict)
 
 
 class LaunchAnswer(_Answer):
+    """A launch (or the launch record of the server found running)."""
+
     name: str
     started_at: float
     pid: int | None = None
     log: str
     log_inode: int
     port: int | None = None
-    state: str
+    state: str = "UNKNOWN"
+    launch_id: str | None = None
+    supervisor: str = "supervisord"
     supervisor_source: str | None = None
+    resumed: bool = False  # this launch's own record: it ran before its answer was lost
+    attached: bool = False  # another launch's server, already running: followed, not started
 
 
 class ProgramState(_Answer):
     state: str = "STOPPED"
-    supervisord: bool = False
+    supervisor: str = "supervisord"
+    daemon: bool = False  # the supervisor itself answers (supervisord runs)
     pid: int | None = None
     description: str | None = None
+    exit_status: str | None = None
 
 
 class ProfileStatus(_Answer):
@@ -108,28 +117,32 @@ def launch(
     home: str,
     secrets: dict[str, str],
     restart: bool,
+    backend: Backend,
+    launch_id: str,
 ) -> LaunchAnswer:
-    """Write the profile's files and start it under fleet's supervisord (installing
-    supervisor from the wheel fleet pushes when the host has none)."""
-    from fleet.wheels import supervisor_wheel
-
+    """Write the profile's files and start it under ``backend`` (supervisord: fleet's own,
+    installed from the wheel fleet pushes when the host has none). Safe to send again
+    with the same ``launch_id`` after a dropped connection: the host starts it once."""
     layout = units.Layout(home=home, profile=profile.name)
-    path = supervisor_wheel()
-    request = {
+    python = conn.host.python or "python3"
+    request: dict[str, Any] = {
         "op": "launch",
         "name": profile.name,
         "port": profile.port,
         "restart": restart,
         "stop_timeout": profile.stop_grace_s + 30,
-        "files": {
-            "launch.sh": units.launch_script(profile, layout, python=conn.host.python),
-            "secrets.env": units.secrets_file(secrets),
-            "program.conf": units.program_conf(profile, layout),
-            "supervisord.conf": units.supervisord_conf(layout),
-        },
-        "supervisor_wheel": base64.b64encode(path.read_bytes()).decode("ascii"),
-        "supervisor_wheel_name": path.name,
+        "supervisor": backend,
+        "launch_id": launch_id,
+        "files": supervisor.files(
+            backend, profile, layout, python=python, secrets=units.secrets_file(secrets)
+        ),
     }
+    if backend == "supervisord":
+        from fleet.wheels import supervisor_wheel
+
+        path = supervisor_wheel()
+        request["supervisor_wheel"] = base64.b64encode(path.read_bytes()).decode("ascii")
+        request["supervisor_wheel_name"] = path.name
     return run_onhost(conn, SCRIPT, request, LaunchAnswer, timeout=LAUNCH_TIMEOUT)
 
 

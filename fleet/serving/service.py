@@ -1,37 +1,55 @@
 """``fleet serve`` on one host: preflight, launch, follow the load, readiness.
 
 :func:`serve_host` takes a host from "vLLM installed" to "serving" or stops early with a
-diagnosis: preflight (one round trip) refuses what can be known in seconds; the launch
-starts vLLM under fleet's supervisord; the follower streams the log from byte 0 (one
-long-lived stream, resumed after a dropped connection) into the phase tracker and the
-diagnosis engine; a crash (the process exited, or a fatal line) ends the follow at once
-and the log is diagnosed; no new bytes for the stall budget is ``stalled``, the load budget
-``timeout``; ``Application startup complete.`` starts the readiness checks through the SSH
-connection. Every step is reported to ``events`` (the live display, ``--events``).
+diagnosis: preflight (one round trip, and the profile's ``requires_patch`` checked with
+``fleet patch --check``'s engine) refuses what can be known in seconds; the launch starts
+vLLM under the chosen supervisor (:mod:`fleet.serving.supervisor`); the follower streams
+the log from byte 0 (one long-lived stream, resumed after a dropped connection) into the
+phase tracker and the diagnosis engine; a crash (the process exited, or a fatal line)
+ends the follow at once and the log is diagnosed; no new bytes for the stall budget is
+``stalled``, the load budget ``timeout``; ``Application startup complete.`` starts the
+readiness checks through the SSH connection. Every step is reported to ``events`` (the
+live display, ``--events``).
+
+One owner of the host's connection for the whole serve: a
+:class:`~fleet.transport.link.HostLink`. Every step asks it for the live connection and
+runs through it, so a drop at any step (preflight, launch, the follow, readiness, metrics,
+the diagnosis) reconnects with backoff within the load budget and the step carries on.
+The launch is idempotent on the host (its launch id, under the profile's lock): a launch
+retried after its answer was lost starts nothing twice. A server of the profile already
+loading (an earlier serve interrupted with Ctrl-C, or another fleet serve) is re-attached
+to: its log followed from the start, the same pid, no second launch.
 """
 
 from __future__ import annotations
 
+import secrets as _secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleet.diagnosis.models import Diagnosis
+from fleet.errors import ConnectError
 from fleet.onhost.runner import Refusal
 from fleet.serving import preflight as pre
 from fleet.serving import readiness, remote
-from fleet.serving.profile import Profile, for_host, read_secrets
+from fleet.serving.profile import Profile, ProfileError, for_host, read_secrets
+from fleet.serving.supervisor import choose
+from fleet.transport.link import HostLink
 from fleet.transport.outcome import Verdict
 
 if TYPE_CHECKING:
     from fleet.inventory import HostSpec
-    from fleet.transport import Session
+    from fleet.patching.manifest import PatchSet
+    from fleet.transport import Runner, Session
 
 Outcome = Literal["ready", "crashed", "stalled", "timeout", "refused", "launched"]
 Events = Callable[[dict[str, Any]], None]
 TICK = 1.0
-HEALTH_WAIT = 120.0
+HEALTH_WAIT = 120.0  # beyond the load budget: readiness and metrics may still reconnect
+LOCK_POLL_S = 1.0
+ACTIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
 
 
 @dataclass
@@ -59,14 +77,17 @@ class ServeResult:
     message: str | None = None
     code: str | None = None
     launched: bool = False
+    attached: bool = False
+    supervisor: str | None = None
     notes: list[str] = field(default_factory=list)
     follow: dict[str, Any] = field(default_factory=dict)
+    link: dict[str, Any] = field(default_factory=dict)
 
     def verdict(self) -> Verdict:
         if self.outcome == "ready":
             return Verdict("changed" if self.launched else "ok")
         if self.outcome == "launched":
-            return Verdict("changed")
+            return Verdict("changed" if self.launched else "ok")
         if self.outcome == "refused":
             return Verdict("refused", self.code or "preflight-failed", self.message)
         code = {"crashed": "serve-crashed", "stalled": "serve-stalled"}.get(
@@ -86,13 +107,30 @@ class ServeResult:
             "pid": self.pid,
             "spec_decode": self.spec_decode.to_json() if self.spec_decode else None,
             "message": self.message,
+            "launched": self.launched,
+            "attached": self.attached,
+            "supervisor": self.supervisor,
             "notes": self.notes,
             "follow": self.follow,
+            "link": self.link,
         }
 
 
 def endpoint(host: HostSpec, profile: Profile) -> str:
     return f"http://{host.target}:{profile.port}"
+
+
+def required_patch_set(profile: Profile) -> PatchSet | None:
+    """The patch set the profile's ``requires_patch`` names (an unknown one: exit 2)."""
+    if not profile.requires_patch:
+        return None
+    from fleet.errors import UsageError
+    from fleet.patching.manifest import load_patch_set
+
+    try:
+        return load_patch_set(profile.requires_patch)
+    except UsageError as exc:
+        raise ProfileError(f"{profile.name}: requires_patch: {exc.message}") from None
 
 
 def serve_host(
@@ -105,7 +143,9 @@ def serve_host(
     started = time.monotonic()
     profile = for_host(profile_name, host)
     secrets = read_secrets(profile)
-    conn = session.connect(host)
+    patch_set = required_patch_set(profile)
+    budget = options.timeout or profile.load_timeout_s
+    link = HostLink(session, host, deadline=started + budget + HEALTH_WAIT)
 
     def emit(kind: str, **fields: Any) -> None:
         events(
@@ -113,206 +153,357 @@ def serve_host(
         )
 
     result = ServeResult(host=host.name, profile=profile.name, outcome="refused")
-    observed = remote.preflight(conn, profile)
-    report = pre.judge(profile, observed.model_dump(), host=host.name)
-    result.notes += report.notes
-    server = observed.server
-    program = (server.get("program") or {}) if isinstance(server, dict) else {}
-    state = program.get("state")
-    if server.get("lock_held"):
-        result.code = "host-busy"
-        result.message = "another fleet serve or stop of this profile is running on the host"
-        return _done(result, started, emit)
-    if state in ("RUNNING", "STARTING", "BACKOFF") and not options.restart:
-        if state == "RUNNING" and server.get("health") == 200:
-            result.outcome = "ready"
-            result.phase = "ready"
-            result.pid = program.get("pid")
-            result.endpoint = endpoint(host, profile)
-            result.message = f"already running, pid {result.pid}, ready"
-            return _done(result, started, emit)
-        result.code = "already-running"
-        result.message = (
-            f"a server for {profile.name} already runs (pid {program.get('pid')}, "
-            f"{state.lower()}, not ready): fleet status shows it; --restart replaces it"
-        )
-        return _done(result, started, emit)
-    emit("preflight", ok=report.ok, diagnoses=[d.id for d in report.diagnoses])
-    if not report.ok and not options.skip_preflight:
-        result.diagnoses = report.diagnoses
-        result.code = "preflight-failed"
-        first = report.diagnoses[0]
-        result.message = f"preflight: {first.id}: {first.summary}"
-        return _done(result, started, emit)
-    if not report.ok:
-        result.notes.append(
-            "preflight found " + ", ".join(d.id for d in report.diagnoses) + " (--skip-preflight)"
-        )
+    run = _Serve(link, host, profile, options, result, emit, started, budget)
     try:
-        launch = remote.launch(
-            conn, profile, home=observed.home, secrets=secrets, restart=options.restart
-        )
-    except Refusal as exc:
-        if exc.code not in ("host-busy", "already-running"):
-            raise
-        # another fleet serve got there first (the profile's lock on the host)
-        result.code = exc.code
-        result.message = exc.message.removeprefix(f"{host.name}: ")
-        return _done(result, started, emit)
-    result.launched = True
-    result.pid = launch.pid
-    emit("launch", pid=launch.pid, log=launch.log, supervisor=launch.supervisor_source)
-    if not options.wait:
-        result.outcome = "launched"
-        result.message = f"started, pid {launch.pid}: fleet status / fleet logs --follow"
-        return _done(result, started, emit)
-    _follow(
-        session, host, profile, launch, options, result, emit, started, version=report.vllm_version
-    )
-    if result.outcome == "ready":
-        api_key = secrets.get("VLLM_API_KEY")
-        try:
-            ready = readiness.check(conn, profile.port, profile.served_model_name, api_key=api_key)
-        except (readiness.NotReady, ConnectionRefusedError) as exc:
-            result.outcome = "crashed"
-            result.code = "not-ready"
-            result.message = str(exc)
-            result.diagnoses = _diagnose_log(session, host, launch.log)
-            return _done(result, started, emit)
-        result.spec_decode = ready.spec_decode
-        result.endpoint = endpoint(host, profile)
-        emit(
-            "readiness",
-            steps=ready.steps,
-            spec_decode=ready.spec_decode.to_json() if ready.spec_decode else None,
-        )
-        result.message = "ready"
+        run.serve(secrets, patch_set)
+    finally:
+        result.link = link.stats.to_json()
     return _done(result, started, emit)
 
 
 def _done(result: ServeResult, started: float, emit: Callable[..., None]) -> ServeResult:
     result.elapsed_s = time.monotonic() - started
-    emit("result", outcome=result.outcome, phase=result.phase, message=result.message)
+    emit("result", outcome=result.outcome, phase=result.phase, message=result.message,
+         pid=result.pid, launched=result.launched, attached=result.attached)  # fmt: skip
     return result
 
 
-def _follow(
-    session: Session,
-    host: HostSpec,
-    profile: Profile,
-    launch: remote.LaunchAnswer,
-    options: ServeOptions,
-    result: ServeResult,
-    emit: Callable[..., None],
-    started: float,
-    *,
-    version: str | None,
-) -> None:
-    """Stream the log through the tracker and the engine until ready, a crash, a stall or
-    the budget; the outcome and phase go into ``result``."""
-    from fleet.diagnosis.engine import Engine
-    from fleet.serving.follow import LogFollower, PhysicalLines
-    from fleet.serving.phases import PhaseTracker
+@dataclass
+class _Serve:
+    """One host's serve, step by step (each step through the link)."""
 
-    tracker = PhaseTracker(version, clock=time.monotonic)
-    engine = Engine(host=host.name)
-    budget = options.timeout or profile.load_timeout_s
-    stall = options.stall_timeout or profile.stall_timeout_s
-    follower = LogFollower(
-        session, host, launch.log, pid=launch.pid or 0, inode=launch.log_inode, tick=TICK
-    )
-    last_bytes = time.monotonic()
-    last_progress = tracker.progress
-    splitter = PhysicalLines()
-    line_no = 0
-    fatal: Diagnosis | None = None
-    reported = 0.0
-    try:
-        for chunk in follower.chunks():
-            now = time.monotonic()
-            if chunk:
-                last_bytes = now
-                lines = splitter.feed(chunk)
-                for line in lines:
-                    line_no += 1
-                    for event in tracker.feed(line):
-                        emit("phase", phase=event.phase, previous=event.previous,
-                             line=event.line, message=event.message[:200])  # fmt: skip
-                    engine.feed(line_no, line)
-                if engine.findings:
-                    found = [d for d in engine.results() if d.severity == "fatal"]
-                    if found:
-                        fatal = found[0]
+    link: HostLink
+    host: HostSpec
+    profile: Profile
+    options: ServeOptions
+    result: ServeResult
+    emit: Callable[..., None]
+    started: float
+    budget: float
+
+    def step(self, name: str) -> None:
+        self.emit("step", step=name)
+
+    # -- preflight and launch ---------------------------------------------------------------
+    def observe(self) -> remote.PreflightAnswer:
+        """The preflight observations; while another fleet serve or stop of the profile
+        holds its lock on the host, asked again until it is free (bounded)."""
+        wait_until = time.monotonic() + 120.0
+        while True:
+            self.step("preflight")
+            observed = self.link.call("preflight", lambda c: remote.preflight(c, self.profile))
+            if not observed.server.get("lock_held") or time.monotonic() > wait_until:
+                return observed
+            time.sleep(LOCK_POLL_S)
+
+    def serve(self, secrets: dict[str, str], patch_set: PatchSet | None) -> None:
+        result, profile, options = self.result, self.profile, self.options
+        observed = self.observe()
+        server = observed.server
+        program = server.get("program") or {}
+        state = program.get("state")
+        if server.get("lock_held"):
+            result.code = "host-busy"
+            result.message = "another fleet serve or stop of this profile is running on the host"
+            return
+        if state in ACTIVE and not options.restart:
+            if state == "RUNNING" and server.get("health") == 200:
+                result.outcome = result.phase = "ready"
+                result.pid = program.get("pid")
+                result.supervisor = program.get("supervisor")
+                result.endpoint = endpoint(self.host, profile)
+                result.message = f"already running, pid {result.pid}, ready"
+                return
+            launch = _launch_record(server)
+            if launch is None:
+                result.code = "already-running"
+                result.message = (
+                    f"a server for {profile.name} already runs (pid {program.get('pid')}, "
+                    f"{str(state).lower()}) but its launch record is unreadable: fleet status "
+                    "shows it; --restart replaces it"
+                )
+                return
+            self.attach(launch, observed)
+            return
+        report = pre.judge(profile, observed.model_dump(), host=self.host.name)
+        result.notes += report.notes
+        choice = choose(profile.supervisor, observed.supervisors)
+        if not choice.ok or choice.backend is None:
+            result.code = "supervisor-unavailable"
+            result.message = f"{choice.reason}: set the profile's supervisor to auto or supervisord"
+            return
+        result.supervisor = choice.backend
+        if patch_set is not None and not options.skip_preflight:
+            self.step("patch-check")
+            report.diagnoses += self.patch_check(patch_set)
+        self.emit("preflight", ok=report.ok, diagnoses=[d.id for d in report.diagnoses],
+                  supervisor=choice.backend)  # fmt: skip
+        if not report.ok and not options.skip_preflight:
+            result.diagnoses = report.diagnoses
+            result.code = "preflight-failed"
+            first = report.diagnoses[0]
+            result.message = f"preflight: {first.id}: {first.summary}"
+            return
+        if not report.ok:
+            result.notes.append(
+                "preflight found " + ", ".join(d.id for d in report.diagnoses)
+                + " (--skip-preflight)"
+            )  # fmt: skip
+        launch_id = _secrets.token_hex(8)
+        self.step("launch")
+        try:
+            launch = self.link.call(
+                "launch",
+                lambda c: remote.launch(
+                    c,
+                    profile,
+                    home=observed.home,
+                    secrets=secrets,
+                    restart=options.restart,
+                    backend=choice.backend,  # type: ignore[arg-type]
+                    launch_id=launch_id,
+                ),
+            )
+        except Refusal as exc:
+            if exc.code not in ("host-busy", "already-running"):
+                raise
+            result.code = exc.code
+            result.message = exc.message.removeprefix(f"{self.host.name}: ")
+            return
+        if launch.attached:
+            self.attach(launch, observed)
+            return
+        result.launched = True
+        result.pid = launch.pid
+        result.supervisor = launch.supervisor
+        self.emit("launch", pid=launch.pid, log=launch.log, supervisor=launch.supervisor,
+                  source=launch.supervisor_source, resumed=launch.resumed)  # fmt: skip
+        if not options.wait:
+            result.outcome = "launched"
+            result.message = f"started, pid {launch.pid}: fleet status / fleet logs --follow"
+            return
+        self.follow_and_check(launch, secrets, version=report.vllm_version)
+
+    def attach(self, launch: remote.LaunchAnswer, observed: remote.PreflightAnswer) -> None:
+        """Follow a server of this profile that is already loading (no second launch)."""
+        result = self.result
+        result.attached = True
+        result.pid = launch.pid
+        result.supervisor = launch.supervisor
+        since = time.time() - launch.started_at if launch.started_at else None
+        self.emit("attach", pid=launch.pid, log=launch.log, supervisor=launch.supervisor,
+                  loading_s=round(since, 1) if since is not None else None)  # fmt: skip
+        result.notes.append(
+            f"re-attached to the server already loading (pid {launch.pid}"
+            + (f", started {since:.0f}s ago" if since is not None else "")
+            + "): no second launch"
+        )
+        if not self.options.wait:
+            result.outcome = "launched"
+            result.message = (
+                f"already loading, pid {launch.pid}: fleet status / fleet logs --follow"
+            )
+            return
+        version = (observed.vllm or {}).get("version")
+        self.follow_and_check(launch, read_secrets(self.profile), version=version)
+
+    def patch_check(self, patch_set: PatchSet) -> list[Diagnosis]:
+        """``requires_patch``: the patch set must be applied (or not needed) on the host."""
+        from fleet.patching.service import apply_host
+
+        report = self.link.call("patch-check", lambda c: apply_host(c, patch_set, check=True))
+        return pre.judge_patch(report, host=self.host.name)
+
+    # -- follow, readiness, diagnosis -------------------------------------------------------
+    def follow_and_check(
+        self, launch: remote.LaunchAnswer, secrets: dict[str, str], *, version: str | None
+    ) -> None:
+        result, profile = self.result, self.profile
+        self.step("follow")
+        self.follow(launch, version=version)
+        if result.outcome != "ready":
+            return
+        api_key = secrets.get("VLLM_API_KEY")
+        self.step("readiness")
+        try:
+            ready = self.link.call(
+                "readiness",
+                lambda c: readiness.check(
+                    c, profile.port, profile.served_model_name, api_key=api_key,
+                    on_step=lambda s: self.step(f"readiness:{s}"),
+                ),
+            )  # fmt: skip
+        except (readiness.NotReady, ConnectionRefusedError) as exc:
+            result.outcome = "crashed"
+            result.code = "not-ready"
+            result.message = str(exc)
+            result.diagnoses = self.diagnose_log(launch.log)
+            return
+        result.spec_decode = ready.spec_decode
+        result.endpoint = endpoint(self.host, profile)
+        self.emit(
+            "readiness",
+            steps=ready.steps,
+            spec_decode=ready.spec_decode.to_json() if ready.spec_decode else None,
+        )
+        result.message = "ready"
+
+    def follow(self, launch: remote.LaunchAnswer, *, version: str | None) -> None:
+        """Stream the log through the tracker and the engine until ready, a crash, a stall
+        or the budget; the outcome and phase go into the result."""
+        from fleet.diagnosis.engine import Engine
+        from fleet.serving.phases import PhaseTracker
+        from fleet.transport.follow import LogFollower, PhysicalLines
+
+        result, profile, options, started = self.result, self.profile, self.options, self.started
+        tracker = PhaseTracker(version, clock=time.monotonic)
+        engine = Engine(host=self.host.name)
+        budget = self.budget
+        stall = options.stall_timeout or profile.stall_timeout_s
+        follower = LogFollower(
+            self.link, self.host, launch.log, pid=launch.pid or 0, inode=launch.log_inode, tick=TICK
+        )
+        last_bytes = time.monotonic()
+        last_progress = tracker.progress
+        splitter = PhysicalLines()
+        line_no = 0
+        fatal: Diagnosis | None = None
+        reported = 0.0
+        lines: list[str] = []
+        try:
+            for chunk in follower.chunks():
+                now = time.monotonic()
+                if chunk:
+                    last_bytes = now
+                    lines = splitter.feed(chunk)
+                    for line in lines:
+                        line_no += 1
+                        for event in tracker.feed(line):
+                            self.emit("phase", phase=event.phase, previous=event.previous,
+                                      line=event.line, message=event.message[:200])  # fmt: skip
+                        engine.feed(line_no, line)
+                    if engine.findings:
+                        found = [d for d in engine.results() if d.severity == "fatal"]
+                        if found:
+                            fatal = found[0]
+                            break
+                    if tracker.phase == "ready":
+                        result.outcome = "ready"
                         break
-                if tracker.phase == "ready":
-                    result.outcome = "ready"
+                progress = tracker.progress
+                if progress != last_progress or now - reported > 5:
+                    reported = now
+                    last_progress = progress
+                    last = lines[-1][-160:] if chunk and lines else None
+                    self.emit("progress", **progress.as_json(),
+                              elapsed_s=round(now - started, 1), last_line=last)  # fmt: skip
+                if now - last_bytes > stall:
+                    result.outcome = "stalled"
                     break
-            progress = tracker.progress
-            if progress != last_progress or now - reported > 5:
-                reported = now
-                last_progress = progress
-                emit("progress", **progress.as_json(), elapsed_s=round(now - started, 1),
-                     last_line=(lines[-1][-160:] if chunk and lines else None))  # fmt: skip
-            if now - last_bytes > stall:
-                result.outcome = "stalled"
-                break
-            if now - started > budget:
-                result.outcome = "timeout"
-                break
-    finally:
-        follower.close()
-    result.phase = tracker.phase
-    result.follow = {
-        "bytes": follower.stats.bytes,
-        "reconnects": follower.stats.reconnects,
-        "rotations": follower.stats.rotations,
-        "lines": line_no,
-    }
-    result.notes += follower.stats.notes
-    if result.outcome == "ready":
-        return
-    if follower.exited or fatal is not None:
-        result.outcome = "crashed"
-        result.diagnoses = _diagnose_log(session, host, launch.log) or ([fatal] if fatal else [])
-        if not result.diagnoses:
+                if now - started > budget:
+                    result.outcome = "timeout"
+                    break
+        finally:
+            follower.close()
+        result.phase = tracker.phase
+        result.follow = {
+            "bytes": follower.stats.bytes,
+            "log_offset": follower.offset,
+            "sha256": follower.stats.sha256,
+            "reconnects": follower.stats.reconnects,
+            "rotations": follower.stats.rotations,
+            "lines": line_no,
+        }
+        result.notes += follower.stats.notes
+        if result.outcome == "ready":
+            return
+        if follower.exited or fatal is not None:
+            self.crashed(launch, tracker.phase, fatal)
+        elif result.outcome == "stalled":
             result.diagnoses = [
                 pre.diagnosis(
-                    "process-exited",
-                    host.name,
-                    ["the server exited"],
+                    "load-stalled", self.host.name,
+                    [f"no new output for {stall:.0f}s in phase {tracker.phase}"], seen_by="follow",
+                    idle_s=f"{stall:.0f}", phase=tracker.phase,
+                )
+            ]  # fmt: skip
+            result.message = f"stalled in {tracker.phase}: no output for {stall:.0f}s"
+            self.emit("stall", phase=tracker.phase)
+        elif result.outcome == "timeout":
+            result.diagnoses = [
+                pre.diagnosis(
+                    "load-timeout", self.host.name,
+                    [f"not ready after {budget:.0f}s (phase {tracker.phase})"], seen_by="follow",
+                    timeout_s=f"{budget:.0f}", phase=tracker.phase,
+                )
+            ]  # fmt: skip
+            result.message = f"not ready within {budget:.0f}s (phase {tracker.phase})"
+            self.emit("timeout", phase=tracker.phase)
+
+    def crashed(self, launch: remote.LaunchAnswer, phase: str, fatal: Diagnosis | None) -> None:
+        """The process exited or printed a fatal line: what the log and the supervisor
+        say, the cause first."""
+        result = self.result
+        result.outcome = "crashed"
+        found = self.diagnose_log(launch.log) or ([fatal] if fatal else [])
+        program = self.program_after(launch)
+        if program is not None and not program.daemon and program.supervisor == "supervisord":
+            found.insert(
+                0,
+                pre.diagnosis(
+                    "supervisor-died", self.host.name,
+                    ["supervisord is not running: vLLM was stopped with it"],
+                    seen_by="status", supervisor="supervisord",
+                ),
+            )  # fmt: skip
+        if not found:
+            why = program.description if program is not None and program.description else None
+            found = [
+                pre.diagnosis(
+                    "process-exited", self.host.name,
+                    ["the server exited" + (f" ({why})" if why else "")],
                     what="it exited while loading",
                 )
-            ]
-        first = result.diagnoses[0]
-        result.message = f"crashed in {tracker.phase}: {first.id}: {first.summary}"
-        emit("crash", phase=tracker.phase, diagnoses=[d.id for d in result.diagnoses])
-    elif result.outcome == "stalled":
-        result.diagnoses = [
-            pre.diagnosis(
-                "load-stalled", host.name,
-                [f"no new output for {stall:.0f}s in phase {tracker.phase}"], seen_by="follow",
-                idle_s=f"{stall:.0f}", phase=tracker.phase,
-            )
-        ]  # fmt: skip
-        result.message = f"stalled in {tracker.phase}: no output for {stall:.0f}s"
-        emit("stall", phase=tracker.phase)
-    elif result.outcome == "timeout":
-        result.diagnoses = [
-            pre.diagnosis(
-                "load-timeout", host.name,
-                [f"not ready after {budget:.0f}s (phase {tracker.phase})"], seen_by="follow",
-                timeout_s=f"{budget:.0f}", phase=tracker.phase,
-            )
-        ]  # fmt: skip
-        result.message = f"not ready within {budget:.0f}s (phase {tracker.phase})"
-        emit("timeout", phase=tracker.phase)
+            ]  # fmt: skip
+        result.diagnoses = found
+        first = found[0]
+        result.message = f"crashed in {phase}: {first.id}: {first.summary}"
+        self.emit("crash", phase=phase, diagnoses=[d.id for d in found])
+
+    def program_after(self, launch: remote.LaunchAnswer) -> remote.ProgramState | None:
+        try:
+            answer = self.link.call("status", lambda c: remote.status(c, [launch.name]))
+        except Exception:  # the crash is reported even if the supervisor cannot be asked
+            return None
+        entry = answer.profiles.get(launch.name)
+        return entry.program if entry is not None else None
+
+    def diagnose_log(self, log: str) -> list[Diagnosis]:
+        """The whole log, filtered on the host (the same engine as fleet logs --diagnose)."""
+        from fleet.diagnosis.remote import diagnose_remote
+
+        def run(conn: Runner) -> list[Diagnosis]:
+            return diagnose_remote(conn, log).diagnoses
+
+        try:
+            return self.link.call("diagnose", run)
+        except ConnectError as exc:  # past the deadline: the crash is still reported
+            self.result.notes.append(f"the log could not be diagnosed: {exc.message}")
+            return []
+        except Exception:  # the crash is reported even if the diagnosis cannot be fetched
+            return []
 
 
-def _diagnose_log(session: Session, host: HostSpec, log: str) -> list[Diagnosis]:
-    """The whole log, filtered on the host (the same engine as fleet logs --diagnose)."""
-    from fleet.diagnosis.remote import diagnose_remote
+def _launch_record(server: dict[str, Any]) -> remote.LaunchAnswer | None:
+    """The launch record (state.json) of the server running now, with its current pid."""
+    from pydantic import ValidationError
 
+    record = dict(server.get("launch") or {})
+    program = server.get("program") or {}
+    if program.get("pid"):
+        record["pid"] = program["pid"]
+    record.setdefault("state", program.get("state") or "UNKNOWN")
     try:
-        return diagnose_remote(session.connect(host), log).diagnoses
-    except Exception:  # the crash is reported even if the diagnosis cannot be fetched
-        return []
+        return remote.LaunchAnswer.model_validate(record)
+    except ValidationError:
+        return None

@@ -22,6 +22,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from fleet.errors import UsageError
+from fleet.onhost.layout import RUN_ROOT, SUPERVISOR_ROOT
 from fleet.paths import templates_dir
 from fleet.transport import shell
 
@@ -30,8 +31,15 @@ if TYPE_CHECKING:
 
     from fleet.serving.profile import Profile
 
-RUN_ROOT = ".fleet/run"
-SUPERVISOR_ROOT = ".fleet/supervisor"
+# vLLM started through this guard gets SIGTERM when its parent (the supervisor) dies:
+# PR_SET_PDEATHSIG, which survives exec; a parent already gone ends it at once.
+DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM); "
+    'p = int(os.environ.pop("FLEET_SUPERVISOR_PID", "0") or 0); '
+    'p and p - os.getppid() and sys.exit("fleet: the supervisor ended before vLLM"); '
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
 # characters a path may not hold in supervisord's or systemd's files (quoting, % expansion)
 _UNSAFE = re.compile(r'[\x00-\x20"%;\\$`\']')
 
@@ -93,8 +101,12 @@ def systemd_text(value: object) -> str:
     return str(value).replace("%", "%%")
 
 
-def launch_script(profile: Profile, layout: Layout, *, python: str) -> str:
-    """``launch.sh``: source the secrets, export the profile's environment, exec vLLM."""
+def launch_script(
+    profile: Profile, layout: Layout, *, python: str, die_with_parent: bool = False
+) -> str:
+    """``launch.sh``: source the secrets, export the profile's environment, exec vLLM
+    (with ``die_with_parent``, through the host's python so that vLLM ends when the
+    supervisor that started it dies: no server is left on the GPUs unsupervised)."""
     lines: list[shell.Fragment | shell.Raw] = [
         shell.script("# fleet serve {{name}}: written by fleet (do not edit)", name=profile.name),
         shell.script("cd {{dir}} || exit 1", dir=layout.run_dir),
@@ -107,6 +119,9 @@ def launch_script(profile: Profile, layout: Layout, *, python: str) -> str:
     for name, value in sorted(profile.env.items()):
         lines.append(shell.script("export {{kv}}", kv=shell.assignment(name, value)))
     argv = [profile.vllm_executable(python), "serve", *profile.vllm_args()]
+    if die_with_parent:
+        lines.append(shell.Raw('FLEET_SUPERVISOR_PID="$PPID"; export FLEET_SUPERVISOR_PID'))
+        argv = [python, "-c", DIE_WITH_PARENT, *argv]
     lines.append(shell.script("exec {{argv}}", argv=argv))
     return shell.script_file(lines)
 
@@ -128,9 +143,9 @@ def program_conf(profile: Profile, layout: Layout) -> str:
     return _env().get_template("program.conf.j2").render(profile=profile, run_dir=layout.run_dir)
 
 
-def systemd_unit(profile: Profile, layout: Layout, *, user_unit: bool) -> str:
+def systemd_unit(profile: Profile, layout: Layout, *, user_unit: bool = False) -> str:
     return (
         _env()
         .get_template("systemd.service.j2")
-        .render(profile=profile, run_dir=layout.run_dir, user_unit=user_unit)
+        .render(profile=profile, run_dir=layout.run_dir, home=layout.home, user_unit=user_unit)
     )

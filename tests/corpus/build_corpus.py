@@ -1206,6 +1206,27 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
+        "supervisor-died",
+        "supervisor-died",
+        "fleet serve supervisor marker (fleet.diagnosis.markers)",
+        where="lines",
+        wrapper=False,
+        lines=[
+            "Loading safetensors checkpoint shards:  45% Completed | 29/64 [11:02<13:19, 22.8s/it]",
+            "[fleet] supervisor-died supervisor=supervisord",
+        ],
+        shapes=("plain",),
+    ),
+    Scenario(
+        "patch-not-applied",
+        "patch-not-applied",
+        "fleet serve preflight marker (fleet.diagnosis.markers)",
+        where="lines",
+        wrapper=False,
+        lines=["[fleet] patch-not-applied patch=eagle3-deepseek version=0.17.0"],
+        shapes=("plain",),
+    ),
+    Scenario(
         "timeout-marker",
         "load-timeout",
         "fleet serve supervisor marker (fleet.diagnosis.markers)",

@@ -233,7 +233,8 @@ def test_the_secret_is_in_no_command_line_log_or_json(box: Sandbox, host: str) -
 def test_the_follow_survives_five_cuts_without_losing_or_repeating_a_line(
     box: Sandbox, host: str
 ) -> None:
-    from fleet.serving.follow import LogFollower, PhysicalLines
+    from fleet.transport.follow import LogFollower, PhysicalLines
+    from fleet.transport.link import HostLink
 
     box.set_sim(host, number_lines=True, load_seconds=25)
     code, hosts, _ = serve(box, "--host", host, "--no-wait")
@@ -255,7 +256,7 @@ def test_the_follow_survives_five_cuts_without_losing_or_repeating_a_line(
     seqs: list[int] = []
     with Session(inventory) as session:
         follower = LogFollower(
-            session, spec, "~/.fleet/run/kimi-eagle3/vllm.log", pid=pid, tick=0.5
+            HostLink(session, spec), spec, "~/.fleet/run/kimi-eagle3/vllm.log", pid=pid, tick=0.5
         )
         thread = threading.Thread(target=cutter, daemon=True)
         thread.start()

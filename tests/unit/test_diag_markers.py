@@ -16,6 +16,8 @@ from fleet.diagnosis.markers import KINDS, event, marker
         ("load-timeout", {"phase": "compile", "timeout_s": 2400}, "2400 s (last phase: compile)"),
         ("process-exited", {"code": 137, "signal": "SIGKILL"}, "exited with code 137"),
         ("process-exited", {}, "exited unexpectedly"),
+        ("supervisor-died", {"supervisor": "supervisord"}, "supervisord died while vLLM"),
+        ("patch-not-applied", {"patch": "eagle3-deepseek", "version": "0.17.0"}, "eagle3-deepseek"),
     ],
 )
 def test_marker_round_trip(kind: str, values: dict[str, object], summary: str) -> None:
@@ -28,7 +30,9 @@ def test_marker_round_trip(kind: str, values: dict[str, object], summary: str) -
 
 
 def test_marker_rejects_unsafe_values() -> None:
-    assert set(KINDS) == {"load-stalled", "load-timeout", "process-exited"}
+    assert set(KINDS) == {
+        "load-stalled", "load-timeout", "process-exited", "supervisor-died", "patch-not-applied"
+    }  # fmt: skip
     with pytest.raises(ValueError):
         marker("load-stalled", phase="two words")
     with pytest.raises(ValueError):

@@ -18,8 +18,8 @@ import pytest
 
 from fleet.errors import ConnectError
 from fleet.inventory import HostSpec
-from fleet.serving.follow import LogFollower, PhysicalLines
 from fleet.transport import shell
+from fleet.transport.follow import LogFollower, PhysicalLines
 from fleet.transport.runner import LocalRunner
 
 
@@ -68,10 +68,10 @@ class Cuts:
         self.every = every
         self.reconnects = 0
 
-    def connect(self, host: HostSpec) -> Any:
+    def conn(self) -> Any:
         return self
 
-    def reconnect(self, host: HostSpec) -> Any:
+    def reconnect(self, step: str = "follow") -> Any:
         self.reconnects += 1
         return self
 

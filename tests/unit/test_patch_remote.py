@@ -412,14 +412,14 @@ def test_a_file_that_cannot_be_restored_stays_listed_for_revert(
     directory = tmp_path / "backup"
     entry = {"sha256_before": "x", "sha256_after": "y", "state": "pending"}
     manifest: dict[str, Any] = {"files": {"a.py": dict(entry), "b.py": dict(entry)}}
-    real_replace = script._replace
+    real_replace = script.replace_file
 
     def failing_replace(path: str, data: bytes, like: str | None = None) -> None:
         if path.endswith("b.py"):
             raise OSError(28, "No space left on device")
         real_replace(path, data, like)
 
-    monkeypatch.setattr(script, "_replace", failing_replace)
+    monkeypatch.setattr(script, "replace_file", failing_replace)
     items = [{"path": "a.py"}, {"path": "b.py"}]
     failed = script._undo(str(pkg), str(directory), manifest, items, ["a.py", "b.py"], originals)
     assert failed == [{"path": "b.py", "error": "OSError: [Errno 28] No space left on device"}]
@@ -483,11 +483,11 @@ def test_write_temp_never_follows_a_planted_symlink(tmp_path: Path) -> None:
     # the names an attacker could guess: the old scheme used the pid as the only suffix
     for guess in (os.getpid(), 0, 1):
         (target.parent / f".mod.py.fleet-tmp-{guess}").symlink_to(victim)
-    tmp = script._write_temp(str(target), b"x = 2\n", str(target))
+    tmp = script.write_temp(str(target), b"x = 2\n", str(target))
     assert victim.read_bytes() == b"precious"
     assert not Path(tmp).is_symlink() and Path(tmp).read_bytes() == b"x = 2\n"
     assert Path(tmp).parent == target.parent and Path(tmp).name.startswith(".mod.py.fleet-tmp-")
-    other = script._write_temp(str(target), b"x = 3\n", str(target))
+    other = script.write_temp(str(target), b"x = 3\n", str(target))
     assert other != tmp and Path(tmp).read_bytes() == b"x = 2\n"
 
 
@@ -504,7 +504,7 @@ def test_write_temp_removes_its_file_when_it_fails(
 
     monkeypatch.setattr(script.os, "fsync", no_space)
     with pytest.raises(OSError, match="No space left"):
-        script._write_temp(str(target), b"x = 2\n", str(target))
+        script.write_temp(str(target), b"x = 2\n", str(target))
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mod.py"]
 

@@ -50,6 +50,92 @@ def test_launch_script_matches_the_recorded_file() -> None:
     _check("kimi-eagle3.launch.sh", units.launch_script(profile, LAYOUT, python=HOST.python))
 
 
+def test_launch_script_under_supervisord_matches_the_recorded_file() -> None:
+    profile = for_host("kimi-eagle3", HOST)
+    script = units.launch_script(profile, LAYOUT, python=HOST.python, die_with_parent=True)
+    _check("kimi-eagle3.supervisord.launch.sh", script)
+
+
+def _fake_vllm(tmp_path: Path, body: str) -> tuple[units.Layout, Path]:
+    layout = units.Layout(home=str(tmp_path), profile="p")
+    Path(layout.run_dir).mkdir(parents=True)
+    fake = tmp_path / "vllm"
+    fake.write_text("#!/bin/sh\n" + body)
+    fake.chmod(0o755)
+    return layout, fake
+
+
+def test_vllm_started_under_supervisord_dies_with_its_supervisor(tmp_path: Path) -> None:
+    """The guard (PR_SET_PDEATHSIG across exec): when the process that started launch.sh
+    (supervisord) is SIGKILLed, vLLM gets SIGTERM; no server is left unsupervised."""
+    import signal
+    import sys
+    import time
+
+    layout, fake = _fake_vllm(tmp_path, 'echo "$$" > "$0.pid"; exec sleep 300\n')
+    profile = for_host("kimi-eagle3", HOST).model_copy(update={"vllm": str(fake)})
+    script = Path(layout.run_dir) / "launch.sh"
+    script.write_text(
+        units.launch_script(profile, layout, python=sys.executable, die_with_parent=True)
+    )
+    # a stand-in supervisor: starts launch.sh as its child and waits
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.call(['sh', sys.argv[1]])",
+         str(script)]
+    )  # fmt: skip
+    pid_file = Path(str(fake) + ".pid")
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline, "vllm never started"
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(child, 0)  # running
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as fh:  # reaped by init as a zombie at worst
+            if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("vllm outlived its supervisor")
+
+
+def test_without_the_guard_vllm_outlives_its_parent(tmp_path: Path) -> None:
+    """The control: the systemd backend's script has no guard (systemd kills the unit's
+    whole cgroup itself), and there a killed parent leaves the child running."""
+    import signal
+    import sys
+    import time
+
+    layout, fake = _fake_vllm(tmp_path, 'echo "$$" > "$0.pid"; exec sleep 300\n')
+    profile = for_host("kimi-eagle3", HOST).model_copy(update={"vllm": str(fake)})
+    script = Path(layout.run_dir) / "launch.sh"
+    script.write_text(units.launch_script(profile, layout, python=sys.executable))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.call(['sh', sys.argv[1]])",
+         str(script)]
+    )  # fmt: skip
+    pid_file = Path(str(fake) + ".pid")
+    deadline = time.monotonic() + 20
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline, "vllm never started"
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    time.sleep(1.0)
+    try:
+        os.kill(child, 0)  # still there
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 def test_on_failure_restart_counts_exit_0_as_a_failure() -> None:
     """vLLM exits 0 when its engine dies after start-up (vllm#48966)."""
     profile = for_host("kimi-eagle3", HOST).model_copy(update={"restart": "on-failure"})

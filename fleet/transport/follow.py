@@ -1,5 +1,6 @@
-"""Following a log through a 40-minute load: one long-lived remote stream from a byte
-offset, resumed after a dropped connection with no byte lost or repeated.
+"""Following a remote log through a 40-minute load: one long-lived stream from a byte
+offset, resumed after a dropped connection with no byte lost or repeated (used by
+``fleet serve`` and ``fleet logs --follow``).
 
 The remote command (:func:`follow_command`) prints a header ``\\x1eFLEET <token> <inode>
 <size>\\x1e``, then ``tail -c +<offset+1> -F`` of the log, and — when the followed process
@@ -7,18 +8,20 @@ The remote command (:func:`follow_command`) prints a header ``\\x1eFLEET <token>
 random token: no log line can look like them). fleet keeps the command's stdin open; when
 fleet goes away the remote side sees its end and stops the ``tail`` (nothing outlives the
 follow). :class:`LogFollower` counts the bytes it received; when the stream breaks
-(``ConnectionLost``) it reconnects with backoff (tenacity) and asks for the byte after the
-last one it has. A log whose inode changed, or that is shorter than the offset, was rotated
-or truncated: the follow restarts at its first byte and says so.
+(``ConnectionLost``) it asks its link (:class:`~fleet.transport.link.HostLink`: backoff
+with tenacity, within the operation's deadline) for a new connection and asks for the
+byte after the last one it has. A log whose inode changed, or that is shorter than the
+offset, was rotated or truncated: the follow restarts at its first byte and says so.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import secrets as _secrets
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleet.errors import ConnectError
 from fleet.transport import shell
@@ -29,13 +32,16 @@ if TYPE_CHECKING:
     from fleet.inventory import HostSpec
     from fleet.transport import Runner
 
+log = logging.getLogger(__name__)
+
 
 class Connects(Protocol):
-    """What the follower needs of a session: the host's connection, and a new one."""
+    """What the follower needs of its link: the host's live connection, and a new one in
+    place of a lost one (retried with backoff until the operation's deadline, or raised)."""
 
-    def connect(self, host: HostSpec) -> Runner: ...
+    def conn(self) -> Runner: ...
 
-    def reconnect(self, host: HostSpec) -> Runner: ...
+    def reconnect(self, step: str = "follow") -> Runner: ...
 
 
 RS = b"\x1e"
@@ -62,10 +68,18 @@ def follow_command(path: str, *, start: int, pid: int, token: str) -> shell.Comm
 
 @dataclass
 class FollowStats:
+    """What a follow received: bytes, reconnects, rotations, and the sha256 of every byte
+    in order (equal to the log's own prefix of that length: nothing lost or repeated)."""
+
     bytes: int = 0
     reconnects: int = 0
     rotations: int = 0
     notes: list[str] = field(default_factory=list)
+    digest: Any = field(default_factory=hashlib.sha256, repr=False)
+
+    @property
+    def sha256(self) -> str:
+        return str(self.digest.hexdigest())
 
 
 class Ended(Exception):
@@ -78,12 +92,12 @@ class LogFollower:
     Iterate :meth:`chunks`: it yields log bytes, or ``b""`` every ``tick`` seconds of
     silence (so the caller can watch budgets and stalls), and returns when the followed
     process exits (:attr:`exited`) or after :meth:`close`. A broken stream is reopened
-    from the next byte; opening a new connection is retried with exponential backoff
-    (tenacity) for up to ``reconnect_s`` seconds."""
+    from the next byte on the connection the link gives (``link.reconnect``: backoff until
+    the operation's deadline; past it, the last connection fault is raised)."""
 
     def __init__(
         self,
-        session: Connects,
+        link: Connects,
         host: HostSpec,
         path: str,
         *,
@@ -91,16 +105,14 @@ class LogFollower:
         offset: int = 0,
         inode: int | None = None,
         tick: float = 1.0,
-        reconnect_s: float = 120.0,
     ) -> None:
-        self.session = session
+        self.link = link
         self.host = host
         self.path = path
         self.pid = pid
         self.offset = offset
         self.inode = inode
         self.tick = tick
-        self.reconnect_s = reconnect_s
         self.exited = False
         self.stats = FollowStats()
         self._closed = False
@@ -108,19 +120,8 @@ class LogFollower:
     def close(self) -> None:
         self._closed = True
 
-    def _reconnect(self) -> Runner:
-        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
-
-        retrying = Retrying(
-            stop=stop_after_delay(self.reconnect_s),
-            wait=wait_exponential(multiplier=0.25, max=5),
-            retry=retry_if_exception_type(ConnectError),
-            reraise=True,
-        )
-        return retrying(self.session.reconnect, self.host)
-
     def chunks(self) -> Iterator[bytes]:
-        conn: Runner = self.session.connect(self.host)
+        conn: Runner = self.link.conn()
         while not self._closed and not self.exited:
             try:
                 yield from self._one_stream(conn)
@@ -128,11 +129,13 @@ class LogFollower:
                     self._restart = False
                     continue
                 return
-            except ConnectError:
+            except ConnectError as exc:
                 if self._closed:
                     return
                 self.stats.reconnects += 1
-                conn = self._reconnect()
+                log.info("%s: the follow of %s broke at byte %d (%s): resuming",
+                         self.host.name, self.path, self.offset, exc.message)  # fmt: skip
+                conn = self.link.reconnect("follow")
 
     _restart = False
 
@@ -190,6 +193,7 @@ class LogFollower:
         if data:
             self.offset += len(data)
             self.stats.bytes += len(data)
+            self.stats.digest.update(data)
             yield data
 
     def _rotated(self, fields: list[bytes]) -> bool:
@@ -205,6 +209,7 @@ class LogFollower:
             return False
         what = "rotated" if rotated else "truncated"
         self.stats.rotations += 1
+        self.stats.digest = hashlib.sha256()  # the new log's bytes from its first one
         self.stats.notes.append(
             f"{self.path} was {what} at byte {self.offset}: following the new log from its start"
         )
@@ -224,7 +229,3 @@ class PhysicalLines(LineSplitter):
 
     def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
         super().__init__(max_line, breaks=b"\r\n", keep_empty=False)
-
-
-def elapsed_since(started: float) -> float:
-    return time.monotonic() - started
