@@ -108,6 +108,7 @@ SIM_KNOBS = {
     "truncate_pause_s": 1.0,
     "truncate_then": "resume",  # "resume" | "kill" (SIGKILL of the process group)
     "number_lines": False,  # " [seq=N]" before each line ending (all processes, from 1)
+    "http_delay_s": 0.0,  # every HTTP answer this late (a cut lands inside readiness)
 }
 SIM_PHASES = (
     ("config", 0.02),
@@ -1671,6 +1672,7 @@ class Sim:
             lambda line: self.api.stdout(line + "\n"),
             quiet,
             self.family["health_dead_status"],
+            float(self.knobs.get("http_delay_s") or 0.0),
         )
         self.api.stderr("INFO:     Application startup complete.\n")
         assert self.sock is not None

@@ -250,6 +250,7 @@ class SimApp:
         access_log: Callable[[str], None],
         quiet_paths: List[str],
         dead_status: int,
+        delay_s: float = 0.0,
     ) -> None:
         self.served = served
         self.root = root
@@ -261,6 +262,7 @@ class SimApp:
         self.quiet_paths = quiet_paths
         self.dead = False
         self.dead_status = dead_status
+        self.delay_s = delay_s  # a test knob: every answer this late (a slow network)
         self.created = int(time.time())
         self.counter = 0
         self.lock = threading.Lock()
@@ -281,6 +283,8 @@ def sim_handler(app: SimApp) -> Any:
             return
 
         def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            if app.delay_s > 0:
+                time.sleep(app.delay_s)
             self.send_response(status)
             self.send_header("content-type", ctype)
             self.send_header("content-length", str(len(body)))

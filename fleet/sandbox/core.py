@@ -205,21 +205,27 @@ class Sandbox:
         progress: Progress | None = None,
         workers: int = 4,
         no_supervisor: Sequence[str] = (),
+        systemd: Sequence[str] = (),
     ) -> Sandbox:
         """Start ``hosts`` rehearsal hosts, vLLM versions round-robin; write the inventory.
 
         ``no_supervisor``: names of hosts built without supervisord (docker backend: the
         image variant without Debian's supervisor package; local hosts never have one).
+        ``systemd``: names of hosts that boot systemd as PID 1 (docker backend: a
+        privileged-enough container with the host's cgroup tree; sshd runs as its unit).
         """
         say = progress or (lambda _msg: None)
         model.validate_hosts(hosts)
-        unknown = sorted(set(no_supervisor) - set(model.host_names(hosts)))
-        if unknown:
-            raise UsageError(f"no_supervisor: no such host(s): {', '.join(unknown)}")
+        for what, names_given in (("no_supervisor", no_supervisor), ("systemd", systemd)):
+            unknown = sorted(set(names_given) - set(model.host_names(hosts)))
+            if unknown:
+                raise UsageError(f"{what}: no such host(s): {', '.join(unknown)}")
         versions = [model.validate_version(v) for v in versions] or list(model.DEFAULT_VERSIONS)
         if load_seconds < 0:
             raise UsageError(f"--load-seconds {load_seconds}: must not be negative")
         kind = backend or default_backend()
+        if systemd and kind != "docker":
+            raise UsageError("systemd hosts need the docker backend (a container boots it)")
         sandbox = cls(directory)
         impl = make_backend(kind, sandbox.dir, current_user())
         user = impl.login_user
@@ -259,6 +265,7 @@ class Sandbox:
                         "gpu_name": "NVIDIA B200",
                         "gpu_count": 8,
                         "supervisor": host.name not in no_supervisor,
+                        "init": "systemd" if host.name in systemd else "sshd",
                     }
                     impl.prepare(host, trees[host.vllm], client_pub, info)
 
@@ -406,6 +413,14 @@ class Sandbox:
         if cut is None:
             raise OperationFailed(f"the {self.state.backend} backend cannot cut sessions")
         return int(cut(self.host(name)))
+
+    def onhost_scripts(self, name: str) -> int:
+        """How many of fleet's on-host scripts run on the host now (a test cuts a step's
+        connection while its script runs)."""
+        count = getattr(self.backend(), "onhost_scripts", None)
+        if count is None:
+            raise OperationFailed(f"the {self.state.backend} backend cannot list scripts")
+        return int(count(self.host(name)))
 
     def fleet_argv(self) -> list[str]:
         """``python -m fleet --inventory DIR/inventory.yaml`` (for a test's own Popen)."""

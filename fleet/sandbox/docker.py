@@ -48,6 +48,7 @@ from typing import Any
 from fleet.errors import OperationFailed, UsageError
 from fleet.sandbox import model
 from fleet.sandbox.local import free_port, generate_keypair, write_text_atomic
+from fleet.transport import shell
 from fleet.wheels import locked
 
 IMAGE = "fleet-sandbox-host"
@@ -62,6 +63,16 @@ START_TIMEOUT = 30.0
 STOP_SECONDS = 5
 TARGET_WITH_SUPERVISOR = "host"
 TARGET_WITHOUT_SUPERVISOR = "host-without-supervisor"
+TARGET_SYSTEMD = "host-systemd"
+# A container that boots systemd as PID 1: every capability this machine grants (its
+# bounding set lacks CAP_SYS_RESOURCE, so --privileged cannot start), the host's cgroup
+# tree (cgroup v1 here), a tmpfs /run, and systemd's own stop signal.
+SYSTEMD_RUN_ARGS = (
+    "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
+    "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
+    "--cgroupns", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+    "--tmpfs", "/run", "--tmpfs", "/run/lock", "--stop-signal", "SIGRTMIN+3",
+)  # fmt: skip
 CONTEXT_FILES = ("Dockerfile", "sshd_config", "init.sh")
 
 # Run inside a container (docker exec, constant text; the path is "$1"): stdin to a
@@ -136,7 +147,9 @@ def image_id(ref: str) -> str | None:
     return out if proc.returncode == 0 and out else None
 
 
-def image_tag(version: str, *, supervisor: bool = True) -> str:
+def image_tag(version: str, *, supervisor: bool = True, systemd: bool = False) -> str:
+    if systemd:
+        return f"{IMAGE}:vllm-{version}-systemd"
     return f"{IMAGE}:vllm-{version}" + ("" if supervisor else "-nosupervisor")
 
 
@@ -193,11 +206,13 @@ def context_digest(context: Path, *extra: str) -> str:
     return digest.hexdigest()
 
 
-def ensure_image(version: str, tree: Path, *, supervisor: bool = True) -> str:
+def ensure_image(
+    version: str, tree: Path, *, supervisor: bool = True, systemd: bool = False
+) -> str:
     """The id of the host image of ``version``, built first when its inputs changed."""
     from fleet.paths import cache_dir
 
-    tag = image_tag(version, supervisor=supervisor)
+    tag = image_tag(version, supervisor=supervisor, systemd=systemd)
     with _READY_LOCK:
         if tag in _READY:
             return _READY[tag]
@@ -209,6 +224,8 @@ def ensure_image(version: str, tree: Path, *, supervisor: bool = True) -> str:
                 f"(build it: {ENGINE_SCRIPT}, or scripts/bootstrap.sh --docker)"
             )
         target = TARGET_WITH_SUPERVISOR if supervisor else TARGET_WITHOUT_SUPERVISOR
+        if systemd:
+            target = TARGET_SYSTEMD
         with tempfile.TemporaryDirectory(prefix="fleet-docker-") as tmp:
             context = stage_context(Path(tmp) / "context", tree, version)
             digest = context_digest(
@@ -301,8 +318,11 @@ class DockerBackend:
         hdir = self.host_dir(host.name)
         hdir.mkdir(parents=True, exist_ok=True)
         supervisor = bool(info.get("supervisor", True))
-        ensure_image(host.vllm, tree, supervisor=supervisor)
-        write_text_atomic(hdir / "image", image_tag(host.vllm, supervisor=supervisor) + "\n")
+        systemd = info.get("init") == "systemd"
+        ensure_image(host.vllm, tree, supervisor=supervisor, systemd=systemd)
+        tag = image_tag(host.vllm, supervisor=supervisor, systemd=systemd)
+        write_text_atomic(hdir / "image", tag + "\n")
+        write_text_atomic(hdir / "init", ("systemd" if systemd else "sshd") + "\n")
         generate_keypair(hdir / "ssh_host_ed25519_key", f"fleet-sandbox-host-{host.name}")
         write_text_atomic(hdir / "authorized_keys", client_public_key.strip() + "\n", mode=0o600)
         write_text_atomic(hdir / "host.json", json.dumps(info, indent=2) + "\n")
@@ -344,9 +364,10 @@ class DockerBackend:
         # --cidfile: docker records the id itself the moment the container exists. The name
         # (the network's random suffix + the host) is for people reading `docker ps`.
         suffix = _network_name(network).removeprefix(NETWORK_PREFIX)
+        init = ["--init"] if not self.boots_systemd(host) else list(SYSTEMD_RUN_ARGS)
         _docker(
             "create",
-            "--init",
+            *init,
             "--cidfile",
             str(cidfile),
             "--name",
@@ -432,9 +453,24 @@ class DockerBackend:
             raise OperationFailed(f"{host.name}: docker start: {_last_line(proc)}")
         raise OperationFailed(f"{host.name}: no free port on {host.address}")
 
+    def boots_systemd(self, host: model.SandboxHost) -> bool:
+        return _read_id(self.host_dir(host.name) / "init") == "systemd"
+
     def _wait_ready(self, host: model.SandboxHost, cid: str, mark: int) -> None:
-        """Wait until this start's sshd listens (a log line after offset ``mark``)."""
+        """Wait until this start's sshd listens (a log line after offset ``mark``; under
+        systemd, its unit is active)."""
         deadline = time.monotonic() + START_TIMEOUT
+        if self.boots_systemd(host):
+            while time.monotonic() < deadline:
+                check = ["exec", cid, "systemctl", "is-active", "ssh.service"]
+                if _docker(*check, check=False, timeout=30).stdout.strip() == "active":
+                    return
+                time.sleep(0.2)
+            status = _docker("exec", cid, "systemctl", "status", "ssh.service", check=False)
+            raise OperationFailed(
+                f"{host.name}: sshd under systemd in container {cid[:12]} did not start: "
+                f"{_last_line(status)}"
+            )
         while time.monotonic() < deadline:
             if "Server listening on" in self.log_text(host)[mark:]:
                 return
@@ -536,6 +572,14 @@ class DockerBackend:
         if proc.returncode != 0:
             raise OperationFailed(f"{host.name}: cannot cut sessions: {_last_line(proc)}")
         return len(proc.stdout.split())
+
+    def onhost_scripts(self, host: model.SandboxHost) -> int:
+        """How many of fleet's on-host scripts run in the container now."""
+        cid = self.container(host)
+        if not cid or not self.running(host):
+            return 0
+        proc = _docker("exec", cid, "pgrep", "-c", "-f", shell.LOADER_NAME, check=False, timeout=30)
+        return int(proc.stdout.strip() or 0) if proc.returncode in (0, 1) else 0
 
     # -- logs -----------------------------------------------------------------------------
     def _log_path(self, cid: str) -> str | None:

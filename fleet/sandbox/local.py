@@ -32,6 +32,7 @@ from fleet.sandbox import model
 from fleet.sandbox.procs import ProcessRecord, descendants, environ_of, stop_tree
 from fleet.transport import shell
 
+ONHOST_MARK = shell.LOADER_NAME.encode()
 SBIN_DIRS = (
     "/usr/sbin",
     "/usr/local/sbin",
@@ -369,6 +370,13 @@ class LocalBackend:
                 cut += 1
         return cut
 
+    def onhost_scripts(self, host: model.SandboxHost) -> int:
+        """How many of fleet's on-host scripts run in the host's SSH sessions now."""
+        record = self.record(host)
+        if record is None:
+            return 0
+        return sum(1 for pid in descendants(record.pid) if _is_onhost_script(pid))
+
     def log_text(self, host: model.SandboxHost) -> str:
         try:
             return self.log_path(host.name).read_text(errors="replace")
@@ -456,6 +464,13 @@ def session_processes(listener: ProcessRecord) -> list[ProcessRecord]:
     """The per-connection sshd processes below a listener (not the listener itself)."""
     children = [ProcessRecord.of(p) for p in descendants(listener.pid)]
     return [c for c in children if c is not None and _is_sshd(c.pid)]
+
+
+def _is_onhost_script(pid: int) -> bool:
+    try:
+        return ONHOST_MARK in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _is_sshd(pid: int) -> bool:

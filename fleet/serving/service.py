@@ -50,6 +50,8 @@ TICK = 1.0
 HEALTH_WAIT = 120.0  # beyond the load budget: readiness and metrics may still reconnect
 LOCK_POLL_S = 1.0
 ACTIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
+# what a running server of the profile holds, so a --restart does not count it against itself
+REPLACED_HOLDS = frozenset({"port-in-use", "gpu-memory-utilization-too-high"})
 
 
 @dataclass
@@ -227,6 +229,14 @@ class _Serve:
             return
         report = pre.judge(profile, observed.model_dump(), host=self.host.name)
         result.notes += report.notes
+        if state in ACTIVE:  # --restart: the port and GPUs are held by the server replaced
+            held = [d for d in report.diagnoses if d.id in REPLACED_HOLDS]
+            report.diagnoses = [d for d in report.diagnoses if d.id not in REPLACED_HOLDS]
+            if held:
+                result.notes.append(
+                    "--restart: " + ", ".join(d.id for d in held)
+                    + " not counted (the server being replaced holds them)"
+                )  # fmt: skip
         choice = choose(profile.supervisor, observed.supervisors)
         if not choice.ok or choice.backend is None:
             result.code = "supervisor-unavailable"

@@ -154,10 +154,11 @@ class Held(Command):
 # is imported, then exactly the framed payload (its length on the first line) is read and
 # run in __main__; ``_fleet_stdin`` stays open for the runtime's watchdog
 # (fleet/onhost/_common.py, watch_fleet).
+LOADER_NAME = "<fleet-onhost>"  # the bundle's file name; in the command line of each run
 _LOADER = Raw(
     'import sys;sys.path[:]=[p for p in sys.path if p not in ("",".")];'
     "_fleet_stdin=sys.stdin.buffer;"
-    'exec(compile(_fleet_stdin.read(int(_fleet_stdin.readline())),"<fleet-onhost>","exec"))'
+    'exec(compile(_fleet_stdin.read(int(_fleet_stdin.readline())),"' + LOADER_NAME + '","exec"))'
 )
 
 

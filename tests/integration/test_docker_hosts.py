@@ -259,7 +259,7 @@ def test_serve_installs_fleets_own_supervisord_where_the_host_has_none(tmp_path:
         state = "cat ~/.fleet/run/kimi-eagle3/state.json"
         ps = 'ps -o args= -p "$(cat ~/.fleet/supervisor/supervisord.pid)"'
         # no supervisord on the host: fleet's own virtualenv with the wheel it pushed
-        assert json.loads(ssh(box, bare, state).stdout)["supervisor"] == "fleet"
+        assert json.loads(ssh(box, bare, state).stdout)["supervisor_source"] == "fleet"
         own = ssh(
             box,
             bare,
@@ -272,7 +272,7 @@ def test_serve_installs_fleets_own_supervisord_where_the_host_has_none(tmp_path:
         assert "/root/.fleet/supervisor/venv/bin/python -m supervisor.supervisord" in args
         assert ssh(box, bare, "command -v supervisord").returncode != 0  # nothing installed
         # Debian's supervisord on the other, run with fleet's own configuration
-        assert json.loads(ssh(box, debian, state).stdout)["supervisor"] == "host"
+        assert json.loads(ssh(box, debian, state).stdout)["supervisor_source"] == "host"
         theirs = ssh(box, debian, ps + "; test -e ~/.fleet/supervisor/venv || echo no-venv")
         assert theirs.returncode == 0, theirs.stderr
         assert theirs.stdout.splitlines()[0].endswith(
@@ -281,5 +281,64 @@ def test_serve_installs_fleets_own_supervisord_where_the_host_has_none(tmp_path:
         assert theirs.stdout.splitlines()[1] == "no-venv"
         stopped = box.run_fleet("--json", "stop", "kimi-eagle3", "--host", "all", timeout=120)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    finally:
+        box.down(purge=True)
+
+
+def test_serve_under_systemd_on_a_host_booted_with_it(tmp_path: Path) -> None:
+    """A host whose PID 1 is systemd (the image's host-systemd target): ``supervisor:
+    auto`` serves under a systemd unit; the follow survives a cut; status, stop and a
+    crash read the unit; vLLM killed: the unit's cgroup is gone with it (no orphan);
+    ``supervisor: supervisord`` on the same host still works (the seam, both ways)."""
+    from tests.integration.serve_run import ServeRun, launches, on_phase, vllm_processes
+
+    box = Sandbox.up(tmp_path / "box", hosts=1, versions=["0.17.0"], load_seconds=6,
+                     systemd=["sandbox-01"])  # fmt: skip
+    try:
+        host = box.hosts[0].name
+        assert ssh(box, host, "cat /proc/1/comm").stdout.strip() == "systemd"
+        patched = box.run_fleet("patch", "--host", host, timeout=300)
+        assert patched.returncode == 0, patched.stdout + patched.stderr
+        box.set_sim(host, number_lines=True)
+        run = ServeRun(box, host).when(on_phase("weights"), lambda _e: box.cut_sessions(host))
+        code, r, err = run.start().finish()
+        assert code == 0 and r["outcome"] == "ready" and r["supervisor"] == "systemd", (r, err)
+        assert r["spec_decode"]["acceptance_rate"] is not None and r["link"]["reconnects"] >= 1
+        assert launches(box, host) == 1
+        unit = "fleet-kimi-eagle3.service"
+        show = ssh(box, host, f"systemctl show {unit} -p ActiveState -p MainPID").stdout
+        assert "ActiveState=active" in show and f"MainPID={r['pid']}" in show, show
+        assert "fleet serve kimi-eagle3" in ssh(box, host, f"systemctl cat {unit}").stdout
+        status = json.loads(box.run_fleet("--json", "status", "--host", host).stdout)
+        entry = status["hosts"][host]["profiles"]["kimi-eagle3"]
+        assert entry["state"] == "ready" and entry["pid"] == r["pid"], entry
+        stopped = json.loads(box.run_fleet("--json", "stop", "kimi-eagle3", "--host", host).stdout)
+        assert stopped["hosts"][host]["was_running"], stopped
+        assert (
+            "ActiveState=inactive" in ssh(box, host, f"systemctl show {unit} -p ActiveState").stdout
+        )
+        assert vllm_processes(box, host) == 0
+        status = json.loads(box.run_fleet("--json", "status", "--host", host).stdout)
+        assert status["hosts"][host]["profiles"]["kimi-eagle3"]["state"] == "stopped"
+
+        # vLLM killed mid-load: crashed; the unit's whole cgroup ended with it
+        box.set_sim(host, load_seconds=12)
+        run = ServeRun(box, host).when(
+            on_phase("weights"),
+            lambda _e: ssh(box, host, f"kill -9 $(systemctl show -p MainPID --value {unit})"),
+        )
+        code, r, err = run.start().finish()
+        assert code == 1 and r["outcome"] == "crashed", (r, err)
+        assert r["diagnoses"][0]["id"] == "process-exited", r["diagnoses"]
+        assert vllm_processes(box, host) == 0  # the workers too: systemd killed the cgroup
+        status = json.loads(box.run_fleet("--json", "status", "--host", host).stdout)
+        assert status["hosts"][host]["profiles"]["kimi-eagle3"]["state"] == "crashed"
+
+        # the profile may still ask for supervisord on this host
+        box.set_sim(host)
+        box.set_host_var(host, "serve_supervisor", "supervisord")
+        code, r, err = ServeRun(box, host).start().finish()
+        assert code == 0 and r["outcome"] == "ready" and r["supervisor"] == "supervisord", r
+        box.run_fleet("stop", "kimi-eagle3", "--host", host)
     finally:
         box.down(purge=True)

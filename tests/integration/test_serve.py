@@ -151,6 +151,9 @@ def test_preflight_refuses_in_seconds_what_would_crash_after_the_load(box: Sandb
         found = {d["id"]: d for d in r["diagnoses"]}
         assert {"eagle3-target-not-allowlisted", "eagle3-unsupported-model"} <= set(found)
         assert found["eagle3-unsupported-model"]["fix"] == f"fleet patch --host {name}"
+        # the profile's requires_patch, checked with fleet patch --check's engine
+        assert found["patch-not-applied"]["fix"] == f"fleet patch --host {name}"
+        assert "eagle3-deepseek" in found["patch-not-applied"]["summary"]
         assert time.monotonic() - started < 30
         assert (
             box.on_host(name, "test -e ~/.fleet/run/kimi-eagle3/vllm.log", check=False).exit_code
