@@ -5,7 +5,8 @@
 1. time from ``fleet serve`` to the refusal in preflight, on N unpatched vLLM 0.17.0 hosts;
 2. the memory of fleet (max RSS of the process) while it follows N loads to ready;
 3. scenario x outcome x diagnosis id x wall time, one host per scenario;
-4. the follow under cut SSH sessions: cuts, lines, duplicates, losses.
+4. the whole ``fleet serve`` under cut SSH sessions: cuts, reconnects per step, lines and
+   bytes lost or repeated, launches, outcome.
 """
 
 from __future__ import annotations
@@ -64,7 +65,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hosts", type=int, default=8)
     parser.add_argument("--load-seconds", type=float, default=30.0)
+    parser.add_argument("--cuts-only", action="store_true", help="Only part 4 (one host).")
     args = parser.parse_args()
+    if args.cuts_only:
+        args.hosts = 1
     with tempfile.TemporaryDirectory(prefix="fleet-bench-serve-") as tmp:
         box = Sandbox.up(Path(tmp) / "sb", hosts=args.hosts, versions=["0.17.0"],
                          load_seconds=args.load_seconds)  # fmt: skip
@@ -76,6 +80,10 @@ def main() -> int:
 
 def _run(box: Sandbox, args: argparse.Namespace) -> int:
     n = len(box.hosts)
+    if args.cuts_only:
+        assert fleet(box, "patch", "--host", "all")[0] == 0
+        print("4.", _cuts(box, box.hosts[0].name))
+        return 0
     code, doc, wall, _ = fleet(box, "serve", "kimi-eagle3", "--host", "all")
     refused = sum(1 for h in doc.get("hosts", {}).values() if h.get("outcome") == "refused")
     print(f"1. preflight refusal on {n} unpatched 0.17.0 hosts: {wall:.2f} s "
@@ -115,44 +123,55 @@ def _run(box: Sandbox, args: argparse.Namespace) -> int:
     return 0
 
 
-def _cuts(box: Sandbox, host: str) -> str:
-    from fleet.inventory import load_inventory
-    from fleet.transport import Session
-    from fleet.transport.follow import LogFollower, PhysicalLines
+def _cuts(box: Sandbox, host: str, *, max_cuts: int = 10) -> str:
+    """The whole ``fleet serve`` command while the host's SSH sessions are cut every 0.5-3
+    s (preflight, launch, the follow, readiness, metrics: wherever they land), up to
+    ``max_cuts`` times: cuts, reconnects, bytes and lines lost or repeated, launches,
+    outcome."""
+    from tests.integration.serve_run import (
+        ServeRun,
+        fresh_logs,
+        launches,
+        log_prefix_sha256,
+    )
 
-    box.set_sim(host, number_lines=True, load_seconds=30)
-    _code, doc, _, _ = fleet(box, "serve", "kimi-eagle3", "--host", host, "--no-wait")
-    pid = doc["hosts"][host]["pid"]
-    inventory = load_inventory(box.inventory_path)
+    fleet(box, "stop", "kimi-eagle3", "--host", host)
+    fresh_logs(box, host)
+    box.set_sim(host, number_lines=True, load_seconds=30, http_delay_s=0.2)
     cuts = 0
     done = threading.Event()
 
     def cutter() -> None:
         nonlocal cuts
         rng = random.Random(11)
-        while not done.is_set() and cuts < 10:
-            time.sleep(rng.uniform(0.5, 3.0))
+        while not done.wait(rng.uniform(0.5, 3.0)) and cuts < max_cuts:
             cuts += box.cut_sessions(host) > 0
 
-    seqs: list[int] = []
-    with Session(inventory) as session:
-        follower = LogFollower(session, inventory.hosts[host], "~/.fleet/run/kimi-eagle3/vllm.log",
-                               pid=pid, tick=0.5)  # fmt: skip
-        thread = threading.Thread(target=cutter, daemon=True)
-        thread.start()
-        splitter = PhysicalLines()
-        for chunk in follower.chunks():
-            lines = splitter.feed(chunk)
-            seqs += [int(x.rsplit("[seq=", 1)[1].split("]", 1)[0]) for x in lines if "[seq=" in x]
-            if any("Application startup complete." in x for x in lines):
-                break
+    thread = threading.Thread(target=cutter, daemon=True)
+    run = ServeRun(box, host).start()
+    thread.start()
+    try:
+        code, r, _err = run.finish(timeout=600)
+    finally:
         done.set()
+    follow = r.get("follow") or {}
+    offset = int(follow.get("log_offset") or 0)
+    intact = follow.get("sha256") == log_prefix_sha256(box, host, offset)
+    head = box.on_host(host, ["head", "-c", str(offset), ".fleet/run/kimi-eagle3/vllm.log"])
+    host_lines = [x for x in head.stdout.replace("\r", "\n").split("\n") if x.strip()]
+    started = launches(box, host)
     fleet(box, "stop", "kimi-eagle3", "--host", host)
     box.set_sim(host)
-    dups = len(seqs) - len(set(seqs))
-    lost = (max(seqs) - len(set(seqs))) if seqs else 0
-    return (f"follow with cut sessions: {cuts} cuts, {follower.stats.reconnects} reconnects, "
-            f"{len(seqs)} numbered lines, {dups} duplicates, {lost} lost")  # fmt: skip
+    link = r.get("link") or {}
+    steps = ", ".join(f"{k} {v}" for k, v in sorted((link.get("by_step") or {}).items()))
+    spec = r.get("spec_decode") or {}
+    return (
+        f"fleet serve with cut SSH sessions: {cuts} cuts, {link.get('reconnects')} reconnects "
+        f"({steps}), {follow.get('lines')} of {len(host_lines)} log lines received, "
+        f"bytes {'identical' if intact else 'DIFFERENT'} (sha256 of {offset} bytes), "
+        f"{started} launch(es), outcome {r.get('outcome')} (exit {code}), "
+        f"acceptance rate {spec.get('acceptance_rate')}"
+    )
 
 
 if __name__ == "__main__":
