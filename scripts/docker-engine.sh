@@ -23,9 +23,11 @@ set -euo pipefail
 
 SUITE=bookworm
 VARIANT=minbase
-# What a rehearsal host needs from Debian: sshd, a Python with venv, ps/pgrep, ss, and the
-# real supervisord. (tests/docker/Dockerfile adds the rest; one variant purges supervisor.)
-PACKAGES=openssh-server,python3,python3-venv,procps,iproute2,supervisor
+# What a rehearsal host needs from Debian: sshd, a Python with venv, ps/pgrep, ss, the
+# real supervisord, and systemd for the variant that boots it as PID 1 (the others start
+# with their own init script). (tests/docker/Dockerfile adds the rest; one variant purges
+# supervisor.)
+PACKAGES=openssh-server,python3,python3-venv,procps,iproute2,supervisor,systemd,systemd-sysv,dbus
 BASE_IMAGE=fleet-sandbox-base:$SUITE
 BASE_LABEL=org.fleet.base-inputs
 

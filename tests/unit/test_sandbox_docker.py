@@ -70,7 +70,9 @@ def test_nothing_is_pulled_every_from_is_the_local_base_or_a_stage() -> None:
     names = {name for _, name in stages if name}
     for image, _name in stages[1:]:
         assert image in names, f"FROM {image}: neither the base image nor an earlier stage"
-    assert {docker.TARGET_WITH_SUPERVISOR, docker.TARGET_WITHOUT_SUPERVISOR} <= names
+    assert {
+        docker.TARGET_WITH_SUPERVISOR, docker.TARGET_WITHOUT_SUPERVISOR, docker.TARGET_SYSTEMD
+    } <= names  # fmt: skip
     # stages build in order up to --target: the host with supervisord needs no other
     order = [name for _, name in stages]
     assert order.index(docker.TARGET_WITH_SUPERVISOR) < order.index(
@@ -82,7 +84,7 @@ def test_nothing_is_pulled_every_from_is_the_local_base_or_a_stage() -> None:
     script = (ROOT / docker.ENGINE_SCRIPT).read_text()
     assert "BASE_IMAGE=fleet-sandbox-base:$SUITE" in script and "SUITE=bookworm" in script
     assert "debootstrap --variant=" in script and "docker import" in script
-    for package in ("openssh-server", "python3-venv", "supervisor"):
+    for package in ("openssh-server", "python3-venv", "supervisor", "systemd-sysv"):
         assert package in script
 
 
