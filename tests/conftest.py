@@ -41,8 +41,9 @@ from typing import Any
 import pytest
 
 from fleet.sandbox.core import BACKEND_ENV, Sandbox, default_backend, make_backend
+from tests.versions import SANDBOX_DEFAULT
 
-DEFAULT_VERSIONS = ("0.17.0", "0.18.0")
+DEFAULT_VERSIONS = SANDBOX_DEFAULT
 DEFAULT_LOAD_SECONDS = 2.0
 
 _SANDBOX_KEY = pytest.StashKey["SandboxFactory"]()

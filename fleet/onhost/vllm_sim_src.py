@@ -14,6 +14,7 @@
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from fleet.onhost.families import log_family, version_tuple
 from fleet.onhost.vllm_sim_out import CYAN, CYAN_BOLD, Frame
 from fleet.onhost.vllm_tree import (
     class_decorators,
@@ -202,31 +203,14 @@ SIM_ROUTES = (
 
 
 def sim_version_tuple(version: str) -> Tuple[int, ...]:
-    out: List[int] = []
-    for part in version.split("."):
-        digits = ""
-        for ch in part:
-            if not ch.isdigit():
-                break
-            digits += ch
-        out.append(int(digits or 0))
-        if len(out) == 3:
-            break
-    while len(out) < 3:
-        out.append(0)
-    return tuple(out)
+    return version_tuple(version)
 
 
 def sim_family(version: str, package_dir: str, env: Dict[str, str], tty: bool) -> Dict[str, Any]:
     """What differs by version family and cannot be read from a format string
     (research/vllm-serve.md §1.1 and §1.4)."""
     v = sim_version_tuple(version)
-    if v < (0, 15):
-        name = "<=0.14"
-    elif v < (0, 18):
-        name = "0.15-0.17"
-    else:
-        name = ">=0.18"
+    name = log_family(version)
     # prefix colour: always in 0.10.x (bold cyan); unless NO_COLOR in 0.13-0.15; only on a
     # tty (or VLLM_LOGGING_COLOR=1) from 0.16 (vllm/utils/system_utils.py _add_prefix)
     if v < (0, 11):

@@ -30,7 +30,12 @@ class _Model(BaseModel):
 
 
 def _check_range(value: str | None) -> str | None:
+    """A version range, or the name of one in the table of version families
+    (``fleet/onhost/families.py`` ``RANGES``), resolved to its range."""
+    from fleet.onhost.families import RANGES
+
     if value is not None:
+        value = RANGES.get(value, value)
         VersionRange(value)  # raises UsageError on a bad range
     return value
 
@@ -160,8 +165,9 @@ class Manifest(_Model):
     @field_validator("versions")
     @classmethod
     def _range(cls, value: str) -> str:
-        _check_range(value)
-        return value
+        resolved = _check_range(value)
+        assert resolved is not None
+        return resolved
 
     @field_validator("upstream_since")
     @classmethod

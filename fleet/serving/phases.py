@@ -25,6 +25,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from fleet.onhost.families import FAMILY_NAMES, log_family
+
 PHASES = (
     "starting",
     "config",
@@ -37,7 +39,7 @@ PHASES = (
     "api-server",
     "ready",
 )
-FAMILIES = ("<=0.14", "0.15-0.17", ">=0.18")
+FAMILIES = FAMILY_NAMES  # fleet/onhost/families.py: the one table of version families
 ALL = FAMILIES
 
 
@@ -286,12 +288,7 @@ def version_family(version: str | None) -> str | None:
     match = re.match(r"^(\d+)\.(\d+)", version.strip())
     if not match:
         return None
-    major, minor = int(match.group(1)), int(match.group(2))
-    if (major, minor) < (0, 15):
-        return "<=0.14"
-    if (major, minor) < (0, 18):
-        return "0.15-0.17"
-    return ">=0.18"
+    return log_family(version.strip())
 
 
 def patterns_for(version: str | None) -> tuple[Pattern, ...]:

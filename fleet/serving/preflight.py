@@ -1,24 +1,34 @@
 """Preflight: the failures that can be known before a 40-minute load, as diagnoses (pure).
 
-The host answers one round trip of observations (``fleet/onhost/serve.py`` ``preflight``);
-:func:`judge` turns them into diagnoses of the taxonomy (DESIGN.md) with the fix fleet can
-run: GPU count and free memory against the parallel sizes, EAGLE-3 support of the target
-class and the config-time allowlist as the installed source says (``eagle3-unsupported-
-model`` / ``eagle3-target-not-allowlisted``, fix ``fleet patch --host H``), drafter/target
-compatibility from both ``config.json`` files, model and drafter files, the port (a plain
-bind), disk. Each finding cites what was observed as its evidence.
+The host answers one round trip of observations (``fleet/onhost/serve.py``
+``op_preflight``, typed in :mod:`fleet.serving.observed`); :func:`judge` runs every rule
+of :data:`RULES` over them, in order, most fundamental first. A rule is a small function
+``rule(seen: Seen) -> list[Diagnosis]`` that reads the typed observations and builds its
+findings with :func:`fleet.diagnosis.factory.diagnosis` (the taxonomy id's catalogue entry,
+with what was observed as the evidence, and the fix fleet can run). The rules: GPU count
+and free memory against the parallel sizes, the draft TP size, model and drafter files,
+EAGLE-3 support of the target class and the config-time allowlist as the installed source
+says (``eagle3-unsupported-model`` / ``eagle3-target-not-allowlisted``, fix ``fleet patch
+--host H``), attention heads against TP, the max model length, drafter/target
+compatibility from both ``config.json`` files, the port (a plain bind), the executable,
+disk. To add one: CONTRIBUTING.md, "add a preflight rule".
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from fleet.diagnosis.models import Diagnosis, Evidence
+from fleet.diagnosis.factory import diagnosis
+from fleet.diagnosis.models import Diagnosis
 from fleet.facts.parsers import find_eagle3_class, parse_allowlist, parse_gpu_part
+from fleet.serving.observed import ModelDir, PreflightAnswer
 from fleet.serving.profile import Profile
 
 if TYPE_CHECKING:
+    from fleet.facts.models import GpuInfo
     from fleet.patching.service import HostReport
 
 MIB = 1024 * 1024
@@ -39,7 +49,6 @@ class Preflight:
     notes: list[str] = field(default_factory=list)
     vllm_version: str | None = None
     gpus: int = 0
-    running: dict[str, Any] | None = None
     home: str | None = None
 
     @property
@@ -47,40 +56,45 @@ class Preflight:
         return not any(d.is_problem for d in self.diagnoses)
 
 
-def diagnosis(
-    rule_id: str, host: str, evidence: list[str], *, seen_by: str = "preflight", **values: Any
-) -> Diagnosis:
-    """A diagnosis of ``rule_id`` rendered from the catalogue with ``values`` (the same
-    summary, remedy and fix a crash log of that kind gets); ``evidence`` is what
-    ``seen_by`` observed."""
-    from fleet.diagnosis.catalogue import load_catalogue
-    from fleet.diagnosis.engine import render
+@dataclass
+class Seen:
+    """What the rules read: the profile, the host's typed observations, and the parts
+    derived from them once (the GPUs, both config.json objects)."""
 
-    rule = load_catalogue().rules[rule_id]
-    vals = {k: str(v) for k, v in values.items() if v is not None}
-    vals["host"] = host
-    summary, fix, vals = render(rule, vals)
-    return Diagnosis(
-        id=rule.id,
-        severity=rule.severity,
-        title=rule.title,
-        summary=summary,
-        root_cause=rule.root_cause.strip(),
-        remedy=rule.remedy.strip(),
-        fix=fix,
-        evidence=[Evidence(line=0, text=f"{seen_by}: {e}") for e in evidence],
-        values=vals,
-        role="cause",
-        specificity=rule.specificity,
-        confidence="high",
-    )
+    profile: Profile
+    answer: PreflightAnswer
+    host: str
+    notes: list[str] = field(default_factory=list)
+
+    def found(self, rule_id: str, evidence: list[str], **values: Any) -> Diagnosis:
+        return diagnosis(rule_id, host=self.host, evidence=evidence, seen_by="preflight", **values)
+
+    @cached_property
+    def gpu_part(self) -> tuple[list[GpuInfo], str, str | None]:
+        return parse_gpu_part(self.answer.gpus)
+
+    @property
+    def gpus(self) -> list[GpuInfo]:
+        return self.gpu_part[0]
+
+    @property
+    def target(self) -> dict[str, Any] | None:
+        return self.answer.target.config_value
+
+    @property
+    def drafter(self) -> dict[str, Any] | None:
+        return self.answer.drafter.config_value
+
+    @property
+    def target_text(self) -> dict[str, Any]:
+        return _text_config(self.target or {})
+
+    @property
+    def vllm_version(self) -> str | None:
+        return self.answer.vllm.version
 
 
-def _config(observed: dict[str, Any], key: str) -> dict[str, Any] | None:
-    entry = observed.get(key) or {}
-    config = entry.get("config") if isinstance(entry, dict) else None
-    value = config.get("value") if isinstance(config, dict) else None
-    return value if isinstance(value, dict) else None
+Rule = Callable[[Seen], list[Diagnosis]]
 
 
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -92,226 +106,170 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def judge(profile: Profile, observed: dict[str, Any], *, host: str) -> Preflight:
-    """The diagnoses of one host's observations, most fundamental first."""
-    out = Preflight(host=host, home=observed.get("home"))
-    found = out.diagnoses
-    vllm = observed.get("vllm") or {}
-    out.vllm_version = vllm.get("version")
+def _first_arch(config: dict[str, Any]) -> str | None:
+    archs = config.get("architectures")
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
 
-    # -- GPUs: count and free memory against the parallel sizes
-    gpus, status, error = parse_gpu_part(observed.get("gpus") or {})
-    out.gpus = len(gpus)
-    tp = profile.tensor_parallel_size
+
+# -- the rules, most fundamental first -----------------------------------------------------
+
+
+def gpus_fit(seen: Seen) -> list[Diagnosis]:
+    """GPUs visible, as many as the tensor parallel size, each with the free memory the
+    profile's gpu_memory_utilization asks for."""
+    gpus, status, error = seen.gpu_part
+    tp = seen.profile.tensor_parallel_size
     if not gpus:
         why = "nvidia-smi is not installed" if status == "missing" else (error or "no GPU")
-        found.append(diagnosis("no-gpu-visible", host, [why], gpus=0, tp=tp))
-    elif len(gpus) < tp:
-        found.append(
-            diagnosis(
-                "tp-size-invalid",
-                host,
-                [f"{len(gpus)} GPUs visible, --tensor-parallel-size {tp}"],
-                tp=tp,
-                gpus=len(gpus),
+        return [seen.found("no-gpu-visible", [why], gpus=0, tp=tp)]
+    if len(gpus) < tp:
+        return [
+            seen.found(
+                "tp-size-invalid", [f"{len(gpus)} GPUs visible, --tensor-parallel-size {tp}"],
+                tp=tp, gpus=len(gpus),
                 message=f"tensor_parallel_size={tp} needs {tp} GPUs, the host has {len(gpus)}",
             )
+        ]  # fmt: skip
+    util = seen.profile.gpu_memory_utilization
+    for gpu in gpus[:tp]:
+        total = gpu.memory_total_mib or 0
+        used = gpu.memory_used_mib or 0
+        free = total - used
+        if total > 0 and free < util * total:
+            return [
+                seen.found(
+                    "gpu-memory-utilization-too-high",
+                    [f"GPU {gpu.index}: {used} of {total} MiB in use"],
+                    device=f"cuda:{gpu.index}", free=f"{free / 1024:.2f}",
+                    total=f"{total / 1024:.2f}", util=f"{util:g}",
+                    requested=f"{util * total / 1024:.2f}",
+                )
+            ]  # fmt: skip
+    return []
+
+
+def draft_tp(seen: Seen) -> list[Diagnosis]:
+    draft = seen.profile.speculative.draft_tensor_parallel_size
+    tp = seen.profile.tensor_parallel_size
+    if draft is None or draft in (1, tp):
+        return []
+    return [
+        seen.found(
+            "spec-config-invalid",
+            [f"draft_tensor_parallel_size {draft}, tensor_parallel_size {tp}"],
+            message=f"draft_tensor_parallel_size={draft} must be 1 or {tp}",
         )
+    ]  # fmt: skip
+
+
+def _model_files(seen: Seen, key: str, entry: ModelDir, path: str) -> list[Diagnosis]:
+    if entry.hub_id:
+        seen.notes.append(f"{key} {path} is a hub id: vLLM downloads it (not checked here)")
+        return []
+    if not entry.exists:
+        what = f"the {key} directory {path} does not exist"
+        return [seen.found("checkpoint-corrupt", [f"{key} directory {path} does not exist"],
+                           detail=what)]  # fmt: skip
+    problem = entry.config.problem()
+    if problem is not None:
+        return [seen.found("checkpoint-corrupt", [f"{path}/config.json: {problem}"],
+                           detail=f"{path}/config.json is {problem}")]  # fmt: skip
+    weights = entry.weights
+    if not weights.missing and weights.present:
+        return []
+    if weights.missing:
+        count = f"{len(weights.missing)} of {len(weights.indexed)}"
+        what = f"{count} shards missing, e.g. {weights.missing[0]}"
+        values = {"detail": f"{path}: {what}"}
     else:
-        for gpu in gpus[:tp]:
-            total = gpu.memory_total_mib or 0
-            used = gpu.memory_used_mib or 0
-            if total <= 0:
-                continue
-            free = total - used
-            if free < profile.gpu_memory_utilization * total:
-                found.append(
-                    diagnosis(
-                        "gpu-memory-utilization-too-high",
-                        host,
-                        [f"GPU {gpu.index}: {used} of {total} MiB in use"],
-                        device=f"cuda:{gpu.index}",
-                        free=f"{free / 1024:.2f}",
-                        total=f"{total / 1024:.2f}",
-                        util=f"{profile.gpu_memory_utilization:g}",
-                        requested=f"{profile.gpu_memory_utilization * total / 1024:.2f}",
-                    )
-                )
-                break
-    draft_tp = profile.speculative.draft_tensor_parallel_size
-    if draft_tp is not None and draft_tp not in (1, tp):
-        found.append(
-            diagnosis(
-                "spec-config-invalid",
-                host,
-                [f"draft_tensor_parallel_size {draft_tp}, tensor_parallel_size {tp}"],
-                message=f"draft_tensor_parallel_size={draft_tp} must be 1 or {tp}",
-            )
-        )
-
-    # -- vLLM, the target and what the installed source says about EAGLE-3
-    target = _config(observed, "target")
-    drafter = _config(observed, "drafter")
-    _files(out, observed, "target", profile.model)
-    _files(out, observed, "drafter", profile.speculative.model)
-    if vllm.get("path") and target is not None:
-        _eagle3(out, profile, vllm, target)
-    if target is not None:
-        text = _text_config(target)
-        heads = _int(text.get("num_attention_heads"))
-        if heads and tp and heads % tp:
-            found.append(
-                diagnosis(
-                    "tp-size-invalid",
-                    host,
-                    [f"num_attention_heads {heads}, --tensor-parallel-size {tp}"],
-                    heads=heads,
-                    tp=tp,
-                    gpus=len(gpus),
-                )
-            )
-        limit = _int(text.get("max_position_embeddings"))
-        if limit and profile.max_model_len and profile.max_model_len > limit:
-            found.append(
-                diagnosis(
-                    "max-model-len-too-large",
-                    host,
-                    [f"max_position_embeddings {limit}, --max-model-len {profile.max_model_len}"],
-                    max_len=profile.max_model_len,
-                    key="max_position_embeddings",
-                    derived=limit,
-                )
-            )
-    if target is not None and drafter is not None:
-        _drafter(out, vllm, target, drafter)
-
-    # -- the port, the executable, disk, a server already there
-    port = observed.get("port") or {}
-    if port.get("free") is False:
-        holder = port.get("holder")
-        found.append(
-            diagnosis(
-                "port-in-use",
-                host,
-                [f"bind(:{profile.port}): {port.get('error') or 'in use'}"]
-                + ([f"held by {holder}"] if holder else []),
-                port=profile.port,
-                holder=holder,
-            )
-        )
-    exe = observed.get("vllm_executable") or {}
-    if exe and not exe.get("ok"):
-        out.notes.append(f"no vllm executable at {exe.get('path')} (set the profile's 'vllm')")
-    home_disk = (observed.get("disk") or {}).get("home") or {}
-    free_disk = _int(home_disk.get("free"))
-    if free_disk is not None and free_disk < MIN_FREE_DISK:
-        found.append(
-            diagnosis(
-                "disk-full",
-                host,
-                [f"{free_disk / GIB:.1f} GiB free in {home_disk.get('path')}"],
-                path=home_disk.get("path"),
-            )
-        )
-    out.running = observed.get("server")
-    return out
+        what, values = "no *.safetensors files", {"model": path}
+    return [seen.found("checkpoint-corrupt", [f"{path}: {what}"], **values)]
 
 
-def _files(out: Preflight, observed: dict[str, Any], key: str, path: str) -> None:
-    entry = observed.get(key) or {}
-    if entry.get("hub_id"):
-        out.notes.append(f"{key} {path} is a hub id: vLLM downloads it (not checked here)")
-        return
-    if not entry.get("exists"):
-        out.diagnoses.append(
-            diagnosis(
-                "checkpoint-corrupt",
-                out.host,
-                [f"{key} directory {path} does not exist"],
-                detail=f"the {key} directory {path} does not exist",
-            )
-        )
-        return
-    config = entry.get("config") or {}
-    if "value" not in config:
-        problem = "missing" if config.get("missing") else config.get("error", "unreadable")
-        out.diagnoses.append(
-            diagnosis(
-                "checkpoint-corrupt",
-                out.host,
-                [f"{path}/config.json: {problem}"],
-                detail=f"{path}/config.json is {problem}",
-            )
-        )
-        return
-    weights = entry.get("weights") or {}
-    missing = weights.get("missing") or []
-    if missing or not (weights.get("present") or []):
-        indexed = len(weights.get("indexed") or [])
-        if missing:
-            what = f"{len(missing)} of {indexed} shards missing, e.g. {missing[0]}"
-            values = {"detail": f"{path}: {what}"}
-        else:
-            what, values = "no *.safetensors files", {"model": path}
-        out.diagnoses.append(
-            diagnosis("checkpoint-corrupt", out.host, [f"{path}: {what}"], **values)
-        )
+def target_files(seen: Seen) -> list[Diagnosis]:
+    return _model_files(seen, "target", seen.answer.target, seen.profile.model)
 
 
-def _eagle3(out: Preflight, profile: Profile, vllm: dict[str, Any], target: dict[str, Any]) -> None:
+def drafter_files(seen: Seen) -> list[Diagnosis]:
+    return _model_files(seen, "drafter", seen.answer.drafter, seen.profile.speculative.model)
+
+
+def eagle3_support(seen: Seen) -> list[Diagnosis]:
     """The target class must implement SupportsEagle3 (the runner checks the OUTER model)
     and its text model_type must pass the config-time allowlist (0.10-0.20)."""
-    if profile.speculative.method != "eagle3":
-        return
-    archs = target.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    files = (vllm.get("models") or {}).get("files") or {}
-    model_type = _text_config(target).get("model_type")
-    allow = parse_allowlist(vllm.get("allowlist") or {})
+    vllm, target = seen.answer.vllm, seen.target
+    if seen.profile.speculative.method != "eagle3" or not vllm.path or target is None:
+        return []
+    out: list[Diagnosis] = []
+    model_type = seen.target_text.get("model_type")
+    allow = parse_allowlist(vllm.allowlist)
     if allow.present and isinstance(model_type, str):
         from fleet.onhost.vllm_tree import admits
 
         if not admits(allow.entries, model_type):
-            out.diagnoses.append(
-                diagnosis(
+            out.append(
+                seen.found(
                     "eagle3-target-not-allowlisted",
-                    out.host,
-                    [
-                        f"{allow.file}:{allow.line} {allow.name} = {allow.entries}",
-                        f"target text model_type '{model_type}'",
-                    ],
-                    model_type=model_type,
-                    allowed=str(allow.entries),
+                    [f"{allow.file}:{allow.line} {allow.name} = {allow.entries}",
+                     f"target text model_type '{model_type}'"],
+                    model_type=model_type, allowed=str(allow.entries),
                 )
-            )
-    if arch is None:
-        return
-    info = find_eagle3_class(files, arch)
+            )  # fmt: skip
+    arch = _first_arch(target)
+    info = find_eagle3_class(vllm.models.get("files") or {}, arch) if arch else None
     if info is not None and not info.supported:
-        out.diagnoses.append(
-            diagnosis(
+        out.append(
+            seen.found(
                 "eagle3-unsupported-model",
-                out.host,
                 [f"{info.file}:{info.line} class {arch}({', '.join(info.bases)})"],
                 model_class=arch,
             )
         )
+    return out
 
 
-def _drafter(
-    out: Preflight, vllm: dict[str, Any], target: dict[str, Any], drafter: dict[str, Any]
-) -> None:
+def heads_divide_tp(seen: Seen) -> list[Diagnosis]:
+    heads = _int(seen.target_text.get("num_attention_heads"))
+    tp = seen.profile.tensor_parallel_size
+    if seen.target is None or not heads or not tp or heads % tp == 0:
+        return []
+    return [
+        seen.found(
+            "tp-size-invalid", [f"num_attention_heads {heads}, --tensor-parallel-size {tp}"],
+            heads=heads, tp=tp, gpus=len(seen.gpus),
+        )
+    ]  # fmt: skip
+
+
+def max_model_len_fits(seen: Seen) -> list[Diagnosis]:
+    limit = _int(seen.target_text.get("max_position_embeddings"))
+    wanted = seen.profile.max_model_len
+    if seen.target is None or not limit or not wanted or wanted <= limit:
+        return []
+    return [
+        seen.found(
+            "max-model-len-too-large",
+            [f"max_position_embeddings {limit}, --max-model-len {wanted}"],
+            max_len=wanted, key="max_position_embeddings", derived=limit,
+        )
+    ]  # fmt: skip
+
+
+def drafter_fits(seen: Seen) -> list[Diagnosis]:
     """Architecture and config type known to the installed vLLM; hidden size, vocab and
     aux-layer ids that fit the target."""
-    knows = vllm.get("knows") or {}
-    text = _text_config(target)
+    target, drafter = seen.target, seen.drafter
+    if target is None or drafter is None:
+        return []
+    knows = seen.answer.vllm.knows
+    text = seen.target_text
+    version = seen.vllm_version
     problems: list[str] = []
-    archs = drafter.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    arch = _first_arch(drafter)
     if arch and knows and not knows.get(arch, False):
         problems.append(
             f"Model architectures ['{arch}'] are not supported for now by vLLM "
-            f"{out.vllm_version} (its registry does not name it)"
+            f"{version} (its registry does not name it)"
         )
     model_type = drafter.get("model_type")
     if (
@@ -322,7 +280,7 @@ def _drafter(
         and "auto_map" not in drafter
     ):
         problems.append(
-            f"model type '{model_type}' is not known to vLLM {out.vllm_version} "
+            f"model type '{model_type}' is not known to vLLM {version} "
             "(nor to transformers) and the drafter has no auto_map"
         )
     t_hidden = _int(text.get("hidden_size"))
@@ -344,42 +302,90 @@ def _drafter(
         bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < layers]
         if bad:
             problems.append(f"aux layer ids {bad} are not below the target's {layers} layers")
-    if problems:
-        out.diagnoses.append(
-            diagnosis(
-                "drafter-incompatible",
-                out.host,
-                problems,
-                shapes="; ".join(problems),
-                drafter_arch=arch,
-            )
-        )
+    if not problems:
+        return []
+    return [seen.found("drafter-incompatible", problems, shapes="; ".join(problems),
+                       drafter_arch=arch)]  # fmt: skip
+
+
+def port_free(seen: Seen) -> list[Diagnosis]:
+    port = seen.answer.port
+    if port.free:
+        return []
+    evidence = [f"bind(:{seen.profile.port}): {port.error or 'in use'}"]
+    if port.holder:
+        evidence.append(f"held by {port.holder}")
+    return [seen.found("port-in-use", evidence, port=seen.profile.port, holder=port.holder)]
+
+
+def vllm_executable(seen: Seen) -> list[Diagnosis]:
+    exe = seen.answer.vllm_executable
+    if exe.path and not exe.ok:
+        seen.notes.append(f"no vllm executable at {exe.path} (set the profile's 'vllm')")
+    return []
+
+
+def disk_free(seen: Seen) -> list[Diagnosis]:
+    home = seen.answer.disk.home
+    if home.free is None or home.free >= MIN_FREE_DISK:
+        return []
+    return [
+        seen.found("disk-full", [f"{home.free / GIB:.1f} GiB free in {home.path}"], path=home.path)
+    ]
+
+
+RULES: tuple[Rule, ...] = (
+    gpus_fit,
+    draft_tp,
+    target_files,
+    drafter_files,
+    eagle3_support,
+    heads_divide_tp,
+    max_model_len_fits,
+    drafter_fits,
+    port_free,
+    vllm_executable,
+    disk_free,
+)
+
+
+def judge(
+    profile: Profile, observed: PreflightAnswer | Mapping[str, Any], *, host: str
+) -> Preflight:
+    """The diagnoses of one host's observations: every rule of :data:`RULES`, in order."""
+    answer = (
+        observed
+        if isinstance(observed, PreflightAnswer)
+        else PreflightAnswer.model_validate(dict(observed))
+    )
+    seen = Seen(profile=profile, answer=answer, host=host)
+    out = Preflight(host=host, home=answer.home, vllm_version=answer.vllm.version)
+    for rule in RULES:
+        out.diagnoses += rule(seen)
+    out.gpus = len(seen.gpus)
+    out.notes = seen.notes
+    return out
 
 
 def judge_patch(report: HostReport, *, host: str) -> list[Diagnosis]:
     """The profile's ``requires_patch`` against ``fleet patch --check`` on the host: applied
     or not needed is a go; a patch set that would still apply, or that conflicts, is a
     refusal with its fix."""
+    from fleet.patching.manifest import DEFAULT_PATCH_SET
+
     status = report.status
     if status in ("already-applied", "not-needed"):
         return []
     pending = [f for f in report.files if f.status in ("would-apply", "conflict")]
     evidence = [f"{f.path}: {f.status}" + (f" ({f.note})" if f.note else "") for f in pending]
-    from fleet.patching.manifest import DEFAULT_PATCH_SET
-
     option = "" if report.patch_set == DEFAULT_PATCH_SET else f" --patch {report.patch_set}"
-    if status == "conflict":
-        return [
-            diagnosis(
-                "patch-not-applied", host, evidence or ["conflict"], seen_by="fleet patch --check",
-                patch=report.patch_set, version=report.vllm_version, state="conflicts",
-                option=f"{option} --diff",
-            )
-        ]  # fmt: skip
+    conflict = status == "conflict"
     return [
         diagnosis(
-            "patch-not-applied", host, evidence or [status], seen_by="fleet patch --check",
-            patch=report.patch_set, version=report.vllm_version, state="is not applied",
-            option=option,
+            "patch-not-applied", host=host, evidence=evidence or [status],
+            seen_by="fleet patch --check",
+            patch=report.patch_set, version=report.vllm_version,
+            state="conflicts" if conflict else "is not applied",
+            option=f"{option} --diff" if conflict else option,
         )
     ]  # fmt: skip

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleet.onhost.runner import run_onhost
 from fleet.serving import supervisor, units
+from fleet.serving.observed import PreflightAnswer
 from fleet.serving.profile import Profile
 from fleet.serving.supervisor import Backend
 
@@ -27,20 +28,6 @@ LAUNCH_TIMEOUT = 300.0
 
 class _Answer(BaseModel):
     model_config = ConfigDict(extra="allow")
-
-
-class PreflightAnswer(_Answer):
-    home: str
-    python: str
-    vllm: dict[str, Any] = Field(default_factory=dict)
-    target: dict[str, Any] = Field(default_factory=dict)
-    drafter: dict[str, Any] = Field(default_factory=dict)
-    gpus: dict[str, Any] = Field(default_factory=dict)
-    port: dict[str, Any] = Field(default_factory=dict)
-    disk: dict[str, Any] = Field(default_factory=dict)
-    vllm_executable: dict[str, Any] = Field(default_factory=dict)
-    server: dict[str, Any] = Field(default_factory=dict)
-    supervisors: dict[str, Any] = Field(default_factory=dict)
 
 
 class LaunchAnswer(_Answer):

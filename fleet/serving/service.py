@@ -29,11 +29,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from fleet.diagnosis.factory import diagnosis
 from fleet.diagnosis.models import Diagnosis
 from fleet.errors import ConnectError
 from fleet.onhost.runner import Refusal
 from fleet.serving import preflight as pre
 from fleet.serving import readiness, remote
+from fleet.serving.observed import PreflightAnswer, ServerSeen
 from fleet.serving.profile import Profile, ProfileError, for_host, read_secrets
 from fleet.serving.supervisor import choose
 from fleet.transport.link import HostLink
@@ -187,14 +189,14 @@ class _Serve:
         self.emit("step", step=name)
 
     # -- preflight and launch ---------------------------------------------------------------
-    def observe(self) -> remote.PreflightAnswer:
+    def observe(self) -> PreflightAnswer:
         """The preflight observations; while another fleet serve or stop of the profile
         holds its lock on the host, asked again until it is free (bounded)."""
         wait_until = time.monotonic() + 120.0
         while True:
             self.step("preflight")
             observed = self.link.call("preflight", lambda c: remote.preflight(c, self.profile))
-            if not observed.server.get("lock_held") or time.monotonic() > wait_until:
+            if not observed.server.lock_held or time.monotonic() > wait_until:
                 return observed
             time.sleep(LOCK_POLL_S)
 
@@ -202,17 +204,17 @@ class _Serve:
         result, profile, options = self.result, self.profile, self.options
         observed = self.observe()
         server = observed.server
-        program = server.get("program") or {}
-        state = program.get("state")
-        if server.get("lock_held"):
+        program = server.program
+        state = program.state
+        if server.lock_held:
             result.code = "host-busy"
             result.message = "another fleet serve or stop of this profile is running on the host"
             return
         if state in ACTIVE and not options.restart:
-            if state == "RUNNING" and server.get("health") == 200:
+            if state == "RUNNING" and server.health == 200:
                 result.outcome = result.phase = "ready"
-                result.pid = program.get("pid")
-                result.supervisor = program.get("supervisor")
+                result.pid = program.pid
+                result.supervisor = program.supervisor
                 result.endpoint = endpoint(self.host, profile)
                 result.message = f"already running, pid {result.pid}, ready"
                 return
@@ -220,14 +222,14 @@ class _Serve:
             if launch is None:
                 result.code = "already-running"
                 result.message = (
-                    f"a server for {profile.name} already runs (pid {program.get('pid')}, "
+                    f"a server for {profile.name} already runs (pid {program.pid}, "
                     f"{str(state).lower()}) but its launch record is unreadable: fleet status "
                     "shows it; --restart replaces it"
                 )
                 return
             self.attach(launch, observed)
             return
-        report = pre.judge(profile, observed.model_dump(), host=self.host.name)
+        report = pre.judge(profile, observed, host=self.host.name)
         result.notes += report.notes
         if state in ACTIVE:  # --restart: the port and GPUs are held by the server replaced
             held = [d for d in report.diagnoses if d.id in REPLACED_HOLDS]
@@ -294,7 +296,7 @@ class _Serve:
             return
         self.follow_and_check(launch, secrets, version=report.vllm_version)
 
-    def attach(self, launch: remote.LaunchAnswer, observed: remote.PreflightAnswer) -> None:
+    def attach(self, launch: remote.LaunchAnswer, observed: PreflightAnswer) -> None:
         """Follow a server of this profile that is already loading (no second launch)."""
         result = self.result
         result.attached = True
@@ -314,7 +316,7 @@ class _Serve:
                 f"already loading, pid {launch.pid}: fleet status / fleet logs --follow"
             )
             return
-        version = (observed.vllm or {}).get("version")
+        version = observed.vllm.version
         self.follow_and_check(launch, read_secrets(self.profile), version=version)
 
     def patch_check(self, patch_set: PatchSet) -> list[Diagnosis]:
@@ -431,9 +433,10 @@ class _Serve:
             self.crashed(launch, tracker.phase, fatal)
         elif result.outcome == "stalled":
             result.diagnoses = [
-                pre.diagnosis(
-                    "load-stalled", self.host.name,
-                    [f"no new output for {stall:.0f}s in phase {tracker.phase}"], seen_by="follow",
+                diagnosis(
+                    "load-stalled", host=self.host.name,
+                    evidence=[f"no new output for {stall:.0f}s in phase {tracker.phase}"],
+                    seen_by="follow",
                     idle_s=f"{stall:.0f}", phase=tracker.phase,
                 )
             ]  # fmt: skip
@@ -441,9 +444,10 @@ class _Serve:
             self.emit("stall", phase=tracker.phase)
         elif result.outcome == "timeout":
             result.diagnoses = [
-                pre.diagnosis(
-                    "load-timeout", self.host.name,
-                    [f"not ready after {budget:.0f}s (phase {tracker.phase})"], seen_by="follow",
+                diagnosis(
+                    "load-timeout", host=self.host.name,
+                    evidence=[f"not ready after {budget:.0f}s (phase {tracker.phase})"],
+                    seen_by="follow",
                     timeout_s=f"{budget:.0f}", phase=tracker.phase,
                 )
             ]  # fmt: skip
@@ -460,19 +464,19 @@ class _Serve:
         if program is not None and not program.daemon and program.supervisor == "supervisord":
             found.insert(
                 0,
-                pre.diagnosis(
-                    "supervisor-died", self.host.name,
-                    ["supervisord is not running: vLLM was stopped with it"],
+                diagnosis(
+                    "supervisor-died", host=self.host.name,
+                    evidence=["supervisord is not running: vLLM was stopped with it"],
                     seen_by="status", supervisor="supervisord",
                 ),
             )  # fmt: skip
         if not found:
             why = program.description if program is not None and program.description else None
             found = [
-                pre.diagnosis(
-                    "process-exited", self.host.name,
-                    ["the server exited" + (f" ({why})" if why else "")],
-                    what="it exited while loading",
+                diagnosis(
+                    "process-exited", host=self.host.name,
+                    evidence=["the server exited" + (f" ({why})" if why else "")],
+                    seen_by="follow", what="it exited while loading",
                 )
             ]  # fmt: skip
         result.diagnoses = found
@@ -504,15 +508,14 @@ class _Serve:
             return []
 
 
-def _launch_record(server: dict[str, Any]) -> remote.LaunchAnswer | None:
+def _launch_record(server: ServerSeen) -> remote.LaunchAnswer | None:
     """The launch record (state.json) of the server running now, with its current pid."""
     from pydantic import ValidationError
 
-    record = dict(server.get("launch") or {})
-    program = server.get("program") or {}
-    if program.get("pid"):
-        record["pid"] = program["pid"]
-    record.setdefault("state", program.get("state") or "UNKNOWN")
+    record = dict(server.launch)
+    if server.program.pid:
+        record["pid"] = server.program.pid
+    record.setdefault("state", server.program.state or "UNKNOWN")
     try:
         return remote.LaunchAnswer.model_validate(record)
     except ValidationError:

@@ -14,12 +14,14 @@ test on a host that really runs it (CONTRIBUTING.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from fleet.serving import units
 
 if TYPE_CHECKING:
+    from fleet.serving.observed import SupervisorSeen
     from fleet.serving.profile import Profile
 
 Backend = Literal["supervisord", "systemd"]
@@ -38,11 +40,11 @@ class Choice:
         return self.backend is not None
 
 
-def choose(wanted: str, offered: dict[str, Any]) -> Choice:
+def choose(wanted: str, offered: Mapping[str, SupervisorSeen]) -> Choice:
     """``wanted`` (the profile's ``supervisor``) against what the host offers."""
-    systemd = offered.get("systemd") or {}
-    usable = bool(systemd.get("usable"))
-    why_not = str(systemd.get("why") or "not usable")
+    systemd = offered.get("systemd")
+    usable = bool(systemd and systemd.usable)
+    why_not = (systemd.why if systemd else None) or "not usable"
     if wanted == "systemd":
         if usable:
             return Choice("systemd", "the profile asks for systemd")

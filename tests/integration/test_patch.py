@@ -24,10 +24,11 @@ from fleet.onhost import runner
 from fleet.patching.manifest import load_patch_set
 from fleet.sandbox.core import Sandbox
 from fleet.transport import Session
+from tests.versions import PATCH_HOSTS
 
 pytestmark = pytest.mark.integration
 
-VERSIONS = ("0.11.0", "0.13.0", "0.15.0", "0.16.0", "0.17.0", "0.18.0")
+VERSIONS = PATCH_HOSTS
 PATHS = [f.path for f in load_patch_set().manifest.files]
 DS = "model_executor/models/deepseek_v2.py"
 

@@ -35,8 +35,9 @@ import pytest
 from fleet.patching.engine import plan_host
 from fleet.patching.manifest import load_patch_set
 from fleet.sandbox.vllm_source import vllm_file
+from tests.versions import PATCHED
 
-PATCHED_VERSIONS = ["0.10.2", "0.11.0", "0.13.0", "0.15.0", "0.16.0", "0.17.0"]
+PATCHED_VERSIONS = list(PATCHED)
 DS = "model_executor/models/deepseek_v2.py"
 KIMI = "model_executor/models/kimi_k25.py"
 EAGLE = "v1/spec_decode/eagle.py"

@@ -16,6 +16,7 @@ from fleet.patching.engine import HostPlan, closest_lines, plan_host, sha256_tex
 from fleet.patching.manifest import DEFAULT_PATCH_SET, PatchSet, load_patch_set
 from fleet.patching.versions import Version, VersionRange
 from fleet.sandbox.vllm_source import vllm_file
+from tests.versions import PATCH_ENGINE
 
 DS = "model_executor/models/deepseek_v2.py"
 KIMI = "model_executor/models/kimi_k25.py"
@@ -23,7 +24,7 @@ EAGLE = "v1/spec_decode/eagle.py"
 SPEC = "config/speculative.py"
 CFG = "config/__init__.py"
 
-VERSIONS = ["0.10.2", "0.11.0", "0.13.0", "0.15.0", "0.16.0", "0.17.0", "0.18.0"]
+VERSIONS = list(PATCH_ENGINE)
 
 # What the patch set must do per version (from reading each version's source; see
 # templates/patches/eagle3-deepseek/README.md): kimi_k25.py exists from 0.15, the

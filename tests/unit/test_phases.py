@@ -28,15 +28,12 @@ from fleet.serving.phases import (
     segments,
     version_family,
 )
+from tests.versions import PHASES as TESTED_PHASES
 
 TRANSCRIPT = (
     Path(__file__).resolve().parents[1] / "fixtures" / "serve" / "vllm-0.17.0-transcript.log"
 )
-REPRESENTATIVES = {
-    "<=0.14": ["0.10.2", "0.13.0"],
-    "0.15-0.17": ["0.15.0", "0.17.0"],
-    ">=0.18": ["0.18.0", "0.33.0"],
-}
+REPRESENTATIVES = TESTED_PHASES
 
 
 def _strings(path: Path) -> list[str]:

@@ -26,8 +26,9 @@ import pytest
 from sim_harness import make_home, patched_tree, run_sim, serve_args, shape_of
 
 from fleet.sandbox.vllm_source import vllm_tree
+from tests.versions import SIM_GOLDEN
 
-VERSIONS = ["0.15.1", "0.17.0", "0.18.0"]
+VERSIONS = list(SIM_GOLDEN)
 LEVELS = {"info": "INFO", "info_once": "INFO", "warning": "WARNING", "debug": "DEBUG"}
 
 
