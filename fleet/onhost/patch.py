@@ -21,13 +21,9 @@
 # stays, and revert restores that file.
 # Any exception while writing, compiling or recording (a rename fails, the disk or /tmp is
 # full) restores every file already replaced, the same way, and answers a clear failure.
-# Fault injection, for tests only: honoured ONLY from request["fault"] (never from the
-# host's environment); fleet puts its local $FLEET_PATCH_FAULT there. "<point>" exits at
-# once at that point (as if killed), "<point>:sleep=<seconds>" pauses there,
-# "<point>:raise" raises OSError(ENOSPC) there, and "compile-error" makes the compile
-# step fail. Points: after-lock, after-backup, after-temp, after-first-rename,
-# after-rename, before-manifest.
-import errno
+# The named points of a write (`checkpoint`) do nothing in fleet; the tests' fault harness
+# (tests/faults.py) rebinds them in the bundle it sends to stop a write there. Neither the
+# request nor the host's environment can inject a fault.
 import hashlib
 import json
 import os
@@ -64,27 +60,11 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _fault_spec(request: Dict[str, Any]) -> List[str]:
-    """The fault points of this request (tests only); the host's environment is ignored."""
-    spec = request.get("fault")
-    return [item.strip() for item in spec.split(",")] if isinstance(spec, str) else []
-
-
-def _fault(request: Dict[str, Any], point: str) -> None:
-    for item in _fault_spec(request):
-        name, _, action = item.partition(":")
-        if name != point:
-            continue
-        if action.startswith("sleep="):
-            time.sleep(float(action[len("sleep=") :]))
-        elif action == "raise":
-            raise OSError(errno.ENOSPC, f"injected fault at {point}")
-        else:
-            os._exit(97)
-
-
-def _faulty(request: Dict[str, Any], point: str) -> bool:
-    return point in _fault_spec(request)
+def checkpoint(point: str) -> None:
+    """A named point of a write (after-lock, after-backup, after-temp, after-first-rename,
+    after-rename, before-manifest): nothing happens here. The tests' fault harness
+    (tests/faults.py) rebinds this name in the bundle it sends, to stop, pause or fail a
+    write at that point; fleet itself never does."""
 
 
 # -- locating files ------------------------------------------------------------------
@@ -226,7 +206,7 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
     directory = backup_dir(root, request["patch_set"], where["version"], package_dir)
     items = request["files"]
     with _patch_lock(root):
-        _fault(request, "after-lock")
+        checkpoint("after-lock")
         for item in items:  # temp files left by a run that was killed
             drop_stale_temps(target_path(package_dir, item["path"]))
         # 1. every file still has the sha256 that was read, or nothing is written
@@ -259,8 +239,7 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
         errors = []
         for item in items:
             path = target_path(package_dir, item["path"])
-            message = "injected compile error" if _faulty(request, "compile-error") else None
-            message = message or _compile(news[item["path"]], path)
+            message = _compile(news[item["path"]], path)
             if message:
                 errors.append({"path": item["path"], "error": message})
         if errors:
@@ -291,7 +270,7 @@ def op_apply(request: Dict[str, Any]) -> Dict[str, Any]:
             }
         manifest["updated"] = _now()
         _write_json(os.path.join(directory, "manifest.json"), manifest)
-        _fault(request, "after-backup")
+        checkpoint("after-backup")
 
         # 3.-4. from the first temp file to the history line, any exception (a rename
         # fails, the disk is full) restores every file already replaced
@@ -338,18 +317,18 @@ def _write_and_record(
             path = target_path(package_dir, item["path"])
             tmp = write_temp(path, news[item["path"]], path)
             temps.append((item["path"], tmp, path))
-        _fault(request, "after-temp")
+        checkpoint("after-temp")
         for relpath, tmp, path in temps:
             os.replace(tmp, path)
             replaced.append(relpath)
             fsync_dir(os.path.dirname(path))
             if len(replaced) == 1:
-                _fault(request, "after-first-rename")
+                checkpoint("after-first-rename")
     finally:
         for relpath, tmp, _path in temps:
             if relpath not in replaced:
                 unlink_quietly(tmp)
-    _fault(request, "after-rename")
+    checkpoint("after-rename")
 
     # 4. stale bytecode, the manifest, the history
     dropped = {}
@@ -357,7 +336,7 @@ def _write_and_record(
         path = target_path(package_dir, item["path"])
         dropped[item["path"]] = _drop_pycache(path)
         manifest["files"][item["path"]]["state"] = "applied"
-    _fault(request, "before-manifest")
+    checkpoint("before-manifest")
     manifest["updated"] = _now()
     _write_json(os.path.join(directory, "manifest.json"), manifest)
     _history(
@@ -472,7 +451,7 @@ def op_revert(request: Dict[str, Any]) -> Dict[str, Any]:
             "files": results,
         }
     with _patch_lock(root):
-        _fault(request, "after-lock")
+        checkpoint("after-lock")
         manifest = _load_manifest(directory)
         if manifest is None:
             return {"ok": True, "files": {}, "note": "no backup of this patch set on this host"}
@@ -485,7 +464,7 @@ def op_revert(request: Dict[str, Any]) -> Dict[str, Any]:
         for n, (_relpath, path, data) in enumerate(restore):
             replace_file(path, data, path if os.path.exists(path) else None)
             if n == 0:
-                _fault(request, "after-first-rename")
+                checkpoint("after-first-rename")
         for relpath, path, data in restore:
             message = _compile(data, path)
             if message:

@@ -10,7 +10,6 @@ restore on failure). The answers are validated here with pydantic models.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +25,6 @@ FETCH_TIMEOUT = 120.0
 WRITE_TIMEOUT = 300.0
 # Tests only: fleet copies this LOCAL variable into each write request ("fault"); the
 # script honours the request alone, never the host's environment (see onhost/patch.py).
-FAULT_ENV = "FLEET_PATCH_FAULT"
 SCRIPT = "patch"
 
 
@@ -140,10 +138,6 @@ def fetch(
     )
 
 
-def _fault() -> str | None:
-    return os.environ.get(FAULT_ENV) or None
-
-
 def apply(
     via: Runner | Conversation,
     fetched: Fetched,
@@ -162,7 +156,6 @@ def apply(
             "backup_root": backup_root,
             "package_dir": fetched.package_dir,
             "version": fetched.vllm_version,
-            "fault": _fault(),
         },
         ApplyAnswer,
         timeout=WRITE_TIMEOUT,
@@ -188,7 +181,6 @@ def revert(
             "backup_root": backup_root,
             "package_dir": fetched.package_dir,
             "version": fetched.vllm_version,
-            "fault": _fault(),
         },
         RevertAnswer,
         timeout=WRITE_TIMEOUT,

@@ -227,11 +227,12 @@ def test_connection_cut_during_apply(sandbox: Sandbox, point: str, how_many: str
     assert len(to_write) > 1, "the cut points need several files to write"
     n_patched = {"none": 0, "one": 1, "all": len(to_write)}[how_many]
     env = sandbox.fleet_env()
-    env["FLEET_PATCH_FAULT"] = f"{point}:sleep=30"
     cmd = [
         sys.executable,
         "-m",
-        "fleet",
+        "tests.faults",
+        f"{point}:sleep=30",
+        "--",
         "--inventory",
         str(sandbox.inventory_path),
         "--json",

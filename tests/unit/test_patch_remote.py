@@ -4,8 +4,8 @@ A "host" here is a directory: ``site/`` holding the vLLM package files the patch
 touches plus the real ``.dist-info``, and ``home/`` for fleet's backups. The script is
 started exactly as over SSH (``sh -c 'exec <python> -'`` with the script on stdin) by a
 local stand-in for ``HostConnection.run``; the SSH path itself is covered by
-tests/integration. Faults are injected as fleet does: the LOCAL $FLEET_PATCH_FAULT goes
-into the request; the "host" environment (``LocalConn.env``) never carries it.
+tests/integration. Faults are injected by the tests' harness (tests/faults.py), which
+rebinds the script's named points in the bundle sent; fleet has no fault knob.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from fleet.patching.manifest import PatchSet, load_patch_set
 from fleet.patching.service import HostReport, apply_host, revert_host, write_failed
 from fleet.sandbox.vllm_source import vllm_tree
 from fleet.transport import LocalRunner
+from tests.faults import clear_fault, set_fault
 
 PY38 = Path("/root/.pyenv/versions/3.8.18/bin/python3.8")
 
@@ -239,7 +240,7 @@ def test_killed_at_any_point_leaves_each_file_original_or_patched(
     conn, pkg = host
     original = shas(pkg, patch_set)
     want = expected_after(patch_set, "0.15.0", pkg)
-    monkeypatch.setenv(remote.FAULT_ENV, point)
+    set_fault(monkeypatch, point)
     with pytest.raises(OperationFailed, match="without an answer"):
         apply_host(conn, patch_set)
     now = shas(pkg, patch_set)
@@ -253,7 +254,7 @@ def test_killed_at_any_point_leaves_each_file_original_or_patched(
     if point in ("after-rename", "before-manifest"):
         assert sorted(patched) == sorted(p for p in want if want[p] != original[p])
     # the next run completes the job, and the originals can still be restored
-    monkeypatch.delenv(remote.FAULT_ENV)
+    clear_fault(monkeypatch)
     report = apply_host(conn, patch_set)
     assert report.ok and shas(pkg, patch_set) == want
     assert not list(pkg.rglob(".*fleet-tmp-*"))
@@ -267,7 +268,7 @@ def test_a_text_the_hosts_python_cannot_compile_is_never_written(
     conn, pkg = host
     original = shas(pkg, patch_set)
     touched = {p: (pkg / p).stat().st_mtime_ns for p in original if (pkg / p).exists()}
-    monkeypatch.setenv(remote.FAULT_ENV, "compile-error")
+    set_fault(monkeypatch, "compile-error")
     report = apply_host(conn, patch_set)
     assert not report.ok
     assert "the host's Python cannot compile the new text" in (report.message or "")
@@ -349,7 +350,7 @@ def test_exception_while_writing_restores_every_file(
     want = expected_after(patch_set, "0.15.0", pkg)
     to_write = sorted(p for p in want if want[p] != original[p])
     assert len(to_write) > 1
-    monkeypatch.setenv(remote.FAULT_ENV, f"{point}:raise")
+    set_fault(monkeypatch, f"{point}:raise")
     with pytest.raises(OperationFailed) as info:
         apply_host(conn, patch_set)
     assert shas(pkg, patch_set) == original
@@ -359,7 +360,7 @@ def test_exception_while_writing_restores_every_file(
     assert "writing the patch failed" in message and f"injected fault at {point}" in message
     assert "every file was put back as it was, nothing is patched" in message
     # the host is clean: the next run applies, and revert restores
-    monkeypatch.delenv(remote.FAULT_ENV)
+    clear_fault(monkeypatch)
     report = apply_host(conn, patch_set)
     assert report.ok and sorted(statuses(report)[p] for p in to_write) == ["applied"] * len(
         to_write
@@ -375,7 +376,7 @@ def test_exception_after_renames_drops_the_bytecode_of_restored_files(
     cache.mkdir(parents=True)
     stale = cache / "deepseek_v2.cpython-311.pyc"
     stale.write_bytes(b"compiled from the patched text")
-    monkeypatch.setenv(remote.FAULT_ENV, "after-rename:raise")
+    set_fault(monkeypatch, "after-rename:raise")
     with pytest.raises(OperationFailed, match="writing the patch failed"):
         apply_host(conn, patch_set)
     assert not stale.exists()
@@ -388,7 +389,7 @@ def test_the_answer_of_a_failed_write_says_what_was_restored(
     fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
     plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
     items = plan.write_items()
-    monkeypatch.setenv(remote.FAULT_ENV, "after-first-rename:raise")
+    set_fault(monkeypatch, "after-first-rename:raise")
     result = remote.apply(conn, fetched, patch_set.name, items)
     assert result.ok is False and result.written == []
     assert result.write_error.startswith("OSError: [Errno 28]")
@@ -462,8 +463,20 @@ def test_the_hosts_environment_cannot_inject_a_fault(
     host: tuple[LocalRunner, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn, pkg = host
-    monkeypatch.delenv(remote.FAULT_ENV, raising=False)
-    conn.env[remote.FAULT_ENV] = "after-lock"  # would exit at once if it were honoured
+    conn.env["FLEET_PATCH_FAULT"] = "after-lock"  # the old knob: nothing reads it
+    report = apply_host(conn, patch_set)
+    assert report.ok, report.message
+    # nor can a request: a "fault" in it is ignored
+    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    answer = remote._ask(
+        conn,
+        {"op": "revert", "patch_set": patch_set.name, "force": False, "check": False,
+         "backup_root": remote.BACKUP_ROOT, "package_dir": fetched.package_dir,
+         "version": fetched.vllm_version, "fault": "after-lock"},
+        remote.RevertAnswer,
+        timeout=60,
+    )  # fmt: skip
+    assert answer.ok, answer
     report = apply_host(conn, patch_set)
     assert report.ok, report.message
     assert shas(pkg, patch_set) == expected_after(patch_set, "0.15.0", Path(str(pkg)))
