@@ -1,6 +1,6 @@
 """The fleet inventory: Ansible-style YAML, pydantic-validated, and host selection.
 
-Pure: reads a file, returns models. Shape (see DESIGN.md)::
+Pure: reads a file, returns models. Shape (docs/contracts.md)::
 
     all:
       vars: {user: root, ssh_key: ~/.ssh/id_ed25519, python: /root/ml-env/bin/python}

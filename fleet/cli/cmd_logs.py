@@ -209,7 +209,7 @@ def _diagnose_hosts(app: AppContext, selected: list[Any], path: str, tail: int |
 def hosts_json(outcomes: list[HostOutcome[RemoteDiagnosis]]) -> dict[str, Any]:
     """``{"diagnoses": [...], "hosts": {name: {"diagnoses": [...], "bytes_received": N, ...}}}``.
 
-    The top-level ``diagnoses`` (the DESIGN contract) holds every host's diagnoses, each
+    The top-level ``diagnoses`` (docs/contracts.md) holds every host's diagnoses, each
     with its ``host``, ranked by :func:`fleet.diagnosis.remote.rank_across_hosts`."""
     from fleet.diagnosis.remote import RemoteDiagnosis, rank_across_hosts
     from fleet.transport import hosts_json as per_host_json

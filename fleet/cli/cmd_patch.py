@@ -92,7 +92,7 @@ def _emit(outcomes: list[HostOutcome[HostReport]], show_diff: bool) -> None:
 
     doc = hosts_json(outcomes, lambda r: r.to_json(with_diff=show_diff))
     for entry in doc["hosts"].values():
-        # the fields of DESIGN's contract on every host entry, known or not
+        # the fields of the JSON contract (docs/contracts.md) on every host entry, known or not
         entry.setdefault("vllm_version", None)
         entry.setdefault("files", [])
     emit_json(doc)

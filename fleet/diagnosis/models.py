@@ -18,7 +18,7 @@ Confidence = Literal["high", "medium", "low"]
 
 SEVERITY_ORDER: dict[str, int] = {"fatal": 0, "error": 1, "warning": 2}
 
-# The stable ids of DESIGN.md ("Diagnosis taxonomy"). Every id has a catalogue entry.
+# The stable ids of docs/taxonomy.md. Every id has a catalogue entry.
 TAXONOMY: tuple[str, ...] = (
     # speculative decoding
     "eagle3-unsupported-model",
@@ -305,7 +305,7 @@ class Diagnosis(BaseModel):
         return self.severity in ("fatal", "error")
 
     def as_contract(self) -> dict[str, object]:
-        """The DESIGN.md JSON shape (plus a few extra fields)."""
+        """The JSON shape of docs/contracts.md (plus a few extra fields)."""
         return {
             "id": self.id,
             "severity": self.severity,

@@ -1,7 +1,7 @@
 """Facts about one host, as pydantic models (the ``fleet inspect --json`` contract).
 
 ``HostFacts.model_dump(mode="json")`` plus ``"ok": true`` is one host's entry in
-``fleet inspect --json`` (see DESIGN.md, "JSON contracts").
+``fleet inspect --json`` (docs/contracts.md).
 """
 
 from __future__ import annotations

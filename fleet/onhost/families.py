@@ -4,7 +4,7 @@
 # the rehearsal vLLM reads it on the host.
 #
 # A log family is a run of releases whose start-up prints the same lines (format strings,
-# process prefixes, the logo): research/vllm-serve.md section 1.
+# process prefixes, the logo): docs/research/vllm-serve.md section 1.
 from typing import Dict, Optional, Tuple
 
 # name, first release (inclusive), end (exclusive), the release tests use for it

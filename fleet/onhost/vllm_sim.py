@@ -4,7 +4,7 @@
 # python, the bundle of this module, `sys.exit(main(sys.argv[1:]))`; see
 # fleet.onhost.runner.executable). Python 3.8+, standard library only, never vLLM.
 #
-# From the outside it behaves like vLLM on an 8-GPU host (research/vllm-serve.md): the
+# From the outside it behaves like vLLM on an 8-GPU host (docs/research/vllm-serve.md): the
 # same command line, log lines with the installed tree's format strings and call-start
 # line numbers, the APIServer / EngineCore / worker processes and their prefixes, tqdm's
 # bytes, the failure points, tracebacks and exit codes, a socket bound during the load and
@@ -1291,7 +1291,7 @@ class Sim:
     def check_drafter_shapes(self) -> None:
         """The drafter's first forward (the profile run): its fc expects
         3 x its hidden size, the target gives 3 x the target's; fewer aux states when an
-        aux layer id is out of range. (vLLM checks neither; research §5.3.)"""
+        aux layer id is out of range. (vLLM checks neither; docs/research/vllm-serve.md §5.3.)"""
         drafter = self.drafter
         if drafter is None or self.method != "eagle3":
             return

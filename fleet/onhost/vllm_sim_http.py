@@ -5,7 +5,7 @@
 # The socket is bound (SO_REUSEADDR + SO_REUSEPORT, as vLLM's create_server_socket) before
 # the load and `listen()` is called only after uvicorn's `Application startup complete.`:
 # connections are refused while loading, exactly as with vLLM. Endpoints as served by vLLM
-# (research/vllm-serve.md §3): /health (200, empty; 503 once the engine is dead), /ping,
+# (docs/research/vllm-serve.md §3): /health (200, empty; 503 once the engine is dead), /ping,
 # /version, /v1/models, /v1/completions and /v1/chat/completions (deterministic text),
 # /metrics (Prometheus text exposition, written here by hand, with the metric names and
 # help texts read from the installed v1/spec_decode/metrics.py and v1/metrics/loggers.py).

@@ -9,7 +9,7 @@
 # version does not have (or logs at DEBUG) is not printed. Tracebacks are assembled from
 # the installed source lines in the same way (`SIM_FRAMES`).
 #
-# What cannot be read that way is kept in `sim_family()` (research/vllm-serve.md §1.4):
+# What cannot be read that way is kept in `sim_family()` (docs/research/vllm-serve.md §1.4):
 # process prefix shapes and colour, the EngineCore process name, the banner form.
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -208,7 +208,7 @@ def sim_version_tuple(version: str) -> Tuple[int, ...]:
 
 def sim_family(version: str, package_dir: str, env: Dict[str, str], tty: bool) -> Dict[str, Any]:
     """What differs by version family and cannot be read from a format string
-    (research/vllm-serve.md §1.1 and §1.4)."""
+    (docs/research/vllm-serve.md §1.1 and §1.4)."""
     v = sim_version_tuple(version)
     name = log_family(version)
     # prefix colour: always in 0.10.x (bold cyan); unless NO_COLOR in 0.13-0.15; only on a

@@ -6,7 +6,7 @@ class, so the hosts tests talk to are exactly the hosts the demo shows.
 ``DIR`` layout::
 
     sandbox.json      state: backend, user, hosts (name, vLLM, address, port, home, python)
-    inventory.yaml    the fleet inventory (DESIGN contract), used unedited by every command
+    inventory.yaml    the fleet inventory (docs/contracts.md), used unedited by every command
     known_hosts       the hosts' keys, pinned (unless ``pinned=False``)
     client/id_ed25519 the key fleet logs in with (authorized on every host)
     hosts/<name>/     one host (see ``fleet.sandbox.local``)

@@ -214,7 +214,7 @@ def known_hosts_line(address: str, port: int, public_key: str) -> str:
 def render_inventory(
     state: SandboxState, *, ssh_key: str, known_hosts: str, secrets_env: str | None = None
 ) -> str:
-    """``DIR/inventory.yaml`` (the DESIGN's Ansible-style contract).
+    """``DIR/inventory.yaml`` (docs/contracts.md, the Ansible-style inventory).
 
     Every host sits in group ``sandbox`` (in order, with its variables) and in the group of
     its vLLM version (``vllm_0_17_0``), so ``--host vllm_0_18_0`` selects by version.

@@ -17,7 +17,7 @@ not (no GPU reads them):
 A drafter's ``model.safetensors`` holds a real safetensors header (tensor names, dtypes,
 shapes and offsets) without the tensor data, so a reader of the header (fleet's preflight,
 the simulated vLLM) sees ``fc.weight``, ``d2t``, ``embed_tokens`` as they are. Values not
-read from the published files are from research/vllm-serve.md §5 ([verify on host]).
+read from the published files are from docs/research/vllm-serve.md §5 ([verify on host]).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Phases, in order (a phase never goes back: late lines of other workers are ignor
              -> cuda-graphs -> api-server -> ready
 
 The patterns are data (:data:`PATTERNS`): each names the vLLM format string it matches,
-the file that logs it and the versions that have it (research/vllm-serve.md §1.3, §1.4);
+the file that logs it and the versions that have it (docs/research/vllm-serve.md §1.3, §1.4);
 the regex is derived from the format string, and tests check every format string against
 the real wheels of each family. :func:`patterns_for` selects a version family's set.
 """

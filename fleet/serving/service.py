@@ -67,7 +67,7 @@ class ServeOptions:
 
 @dataclass
 class ServeResult:
-    """One host's ``fleet serve`` (DESIGN's ``serve --json`` entry)."""
+    """One host's ``fleet serve`` (the ``serve --json`` entry of docs/contracts.md)."""
 
     host: str
     profile: str

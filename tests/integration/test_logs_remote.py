@@ -81,7 +81,7 @@ def test_large_log_is_diagnosed_moving_a_small_fraction(box: Sandbox) -> None:
     doc = full["hosts"][host.name]
     ids = [d["id"] for d in doc["diagnoses"]]
     assert ids[:3] == ["cuda-oom", "worker-died", "engine-dead"]
-    # the DESIGN contract: one ranked top-level list, each entry naming its host
+    # the contract (docs/contracts.md): one ranked top-level list, each entry naming its host
     assert [d["id"] for d in full["diagnoses"]][:1] == ["cuda-oom"]
     assert {d["host"] for d in full["diagnoses"]} == {host.name}
     assert len(full["diagnoses"]) == len(ids) and doc["truncated"] is False

@@ -2,7 +2,7 @@
 
 Checked three ways: every pattern's format string against the real wheels of its version
 families; the research transcript of a real-shaped 0.17.0 start (tests/fixtures/serve,
-from research/vllm-serve.md §1.5); and the rehearsal vLLM's own output for several
+from docs/research/vllm-serve.md §1.5); and the rehearsal vLLM's own output for several
 versions, read live the way `fleet serve` follows a log (partial lines included).
 """
 

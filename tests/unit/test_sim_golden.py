@@ -2,7 +2,7 @@
 
 For vLLM 0.15.1, 0.17.0 and 0.18.0 the expected transcript is assembled here from the real
 wheels, independently of the simulator's code: the sequence of a successful EAGLE-3 start
-of Kimi-K2.5 on 8 GPUs is the one research/vllm-serve.md §1.3 documents (which process
+of Kimi-K2.5 on 8 GPUs is the one docs/research/vllm-serve.md §1.3 documents (which process
 prints what, how many times, in which order), and each line's file basename, call-start
 line number, level and message template are read from that version's source with
 ``ast`` in this test. Every physical line of the simulator's log is then compared: process
@@ -139,7 +139,7 @@ def logo(root: Path) -> tuple[int, str]:
 
 
 def family(version: str) -> dict[str, Any]:
-    """Prefix facts per family (research/vllm-serve.md §1.1 table)."""
+    """Prefix facts per family (docs/research/vllm-serve.md §1.1 table)."""
     minor = int(version.split(".")[1])
     colour = ""
     if minor < 16:
@@ -158,7 +158,7 @@ def family(version: str) -> dict[str, Any]:
 
 
 def expected(version: str, root: Path) -> list[dict[str, Any]]:
-    """The successful start, step by step (research/vllm-serve.md §1.3): who prints
+    """The successful start, step by step (docs/research/vllm-serve.md §1.3): who prints
     (A APIServer, E EngineCore, W0 TP rank 0, W every worker), what."""
     fam = family(version)
     steps: list[dict[str, Any]] = [{"kind": "logo"}]

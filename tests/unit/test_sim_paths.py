@@ -306,7 +306,7 @@ def test_a_taken_port_fails_the_bind_before_the_load(trees_root: Path, tmp_path:
 
 def test_two_simulated_servers_share_a_port_as_vllm_does(trees_root: Path, tmp_path: Path) -> None:
     """vLLM binds with SO_REUSEADDR + SO_REUSEPORT: a second server binds the same port
-    (research §0.5); the second then fails on the GPUs the first holds."""
+    (docs/research/vllm-serve.md §0.5); the second then fails on the GPUs the first holds."""
     tree = patched_tree("0.17.0", trees_root)
     port = free_port("127.0.0.1")
     home = make_home(tmp_path / "home", load_seconds=0.5)

@@ -102,7 +102,7 @@ def test_processes_gpu_memory_and_socket_during_the_load(tree: Path, tmp_path: P
             assert f"(Worker pid={pid}) " in text
             if k == 0:
                 assert f"(Worker pid={pid}) (Worker_TP0 pid={pid}) " in text
-        # bound, not listening: connection refused (research §0.5)
+        # bound, not listening: connection refused (docs/research/vllm-serve.md §0.5)
         assert refused(sim.port)
         # GPU memory grows with the shards, per worker on its own GPU (nvidia-smi)
         time.sleep(0.5)
