@@ -110,7 +110,7 @@ def _rate(nbytes: int, seconds: float) -> str:
 
 def bench_local(size: int, keep: bool) -> None:
     from fleet.diagnosis.catalogue import load_catalogue
-    from fleet.diagnosis.remote import prefilter_regex
+    from fleet.diagnosis.host_logs import prefilter_regex
     from fleet.diagnosis.scan import diagnose_file
 
     tmp = Path(tempfile.mkdtemp(prefix="fleet-bench-"))
@@ -165,7 +165,7 @@ def bench_local(size: int, keep: bool) -> None:
 
 
 def bench_remote(inventory_path: str, host: str, size: int) -> None:
-    from fleet.diagnosis.remote import diagnose_remote
+    from fleet.diagnosis.host_logs import diagnose_remote
     from fleet.inventory import load_inventory
     from fleet.transport import Session, shell
 

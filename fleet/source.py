@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet.errors import OperationFailed, UsageError
-from fleet.onhost.runner import RawAnswer, Refusal, run_raw
+from fleet.onhost.client import HostRefusal, RawAnswer, run_raw
 
 if TYPE_CHECKING:
     from fleet.transport import Runner
@@ -39,7 +39,7 @@ class PathEscapesTree(UsageError):
 
 
 @dataclass(frozen=True)
-class FileSpec:
+class FileRange:
     """``FILE[:A-B]``: a path relative to the vLLM package dir and an optional line range."""
 
     path: str
@@ -95,7 +95,7 @@ def check_relative(path: str, what: str = "path") -> str:
     return path
 
 
-def parse_file_spec(text: str) -> FileSpec:
+def parse_file_spec(text: str) -> FileRange:
     """``FILE``, ``FILE:A``, ``FILE:A-B`` or ``FILE:A-`` (lines numbered from 1).
 
     A ``:`` followed by something other than digits and dashes is part of the name."""
@@ -121,7 +121,7 @@ def parse_file_spec(text: str) -> FileSpec:
             raise UsageError(f"bad line range {tail!r} in {text!r}: {end} is before {start}")
     if not path:
         raise UsageError("no file given")
-    return FileSpec(check_relative(path, "file"), start, end)
+    return FileRange(check_relative(path, "file"), start, end)
 
 
 def check_regex(regex: str, *, fixed: bool = False) -> str:
@@ -155,7 +155,7 @@ def relative_to(path: str, root: str) -> str:
     return path[len(prefix) :] if path.startswith(prefix) else path
 
 
-def parse_show_output(answer: dict[str, Any], body: bytes, spec: FileSpec) -> ShownFile:
+def parse_show_output(answer: dict[str, Any], body: bytes, spec: FileRange) -> ShownFile:
     """The on-host answer (dir, file, line count) and the lines ``sed`` printed, numbered
     from ``start``."""
     try:
@@ -206,7 +206,7 @@ def _call(conn: Runner, request: dict[str, Any], what: str, timeout: float) -> R
     host = conn.host.name
     try:
         raw = run_raw(conn, SCRIPT, request, timeout=timeout)
-    except Refusal as exc:
+    except HostRefusal as exc:
         if exc.code == "path-escapes-tree":
             raise PathEscapesTree(
                 f"{host}: {what} resolves outside the vLLM tree; refused"
@@ -230,7 +230,7 @@ def _call(conn: Runner, request: dict[str, Any], what: str, timeout: float) -> R
 # -- remote effects ---------------------------------------------------------------------
 
 
-def show_file(conn: Runner, spec: FileSpec, *, timeout: float = SOURCE_TIMEOUT) -> ShownFile:
+def show_file(conn: Runner, spec: FileRange, *, timeout: float = SOURCE_TIMEOUT) -> ShownFile:
     """``sed -n A,Bp`` of a file of the host's vLLM tree (one command)."""
     check_relative(spec.path, "file")
     request = {"op": "show", "path": spec.path, "start": spec.start, "end": spec.end}

@@ -64,33 +64,33 @@ def _wrap(original: Callable[..., bytes], spec: str) -> Callable[..., bytes]:
 @contextmanager
 def inject(spec: str) -> Iterator[None]:
     """Every patch bundle sent inside the block carries the fault ``spec``."""
-    from fleet.onhost import runner
+    from fleet.onhost import client
 
-    original = runner.with_request
-    runner.with_request = _wrap(_original(), spec)  # type: ignore[assignment]
+    original = client.with_request
+    client.with_request = _wrap(_original(), spec)  # type: ignore[assignment]
     try:
         yield
     finally:
-        runner.with_request = original  # type: ignore[assignment]
+        client.with_request = original  # type: ignore[assignment]
 
 
 def set_fault(monkeypatch: Any, spec: str) -> None:
     """:func:`inject` for the rest of a test (``monkeypatch``: pytest's fixture)."""
-    from fleet.onhost import runner
+    from fleet.onhost import client
 
-    monkeypatch.setattr(runner, "with_request", _wrap(_original(), spec))
+    monkeypatch.setattr(client, "with_request", _wrap(_original(), spec))
 
 
 def clear_fault(monkeypatch: Any) -> None:
-    from fleet.onhost import runner
+    from fleet.onhost import client
 
-    monkeypatch.setattr(runner, "with_request", _original())
+    monkeypatch.setattr(client, "with_request", _original())
 
 
 def _original() -> Callable[..., bytes]:
-    from fleet.onhost import runner
+    from fleet.onhost import client
 
-    found = runner.with_request
+    found = client.with_request
     return getattr(found, "__wrapped_original__", found)
 
 

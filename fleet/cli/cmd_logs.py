@@ -30,8 +30,8 @@ from fleet.redact import redact_text
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from fleet.diagnosis.host_logs import RemoteDiagnosis
     from fleet.diagnosis.models import Diagnosis
-    from fleet.diagnosis.remote import RemoteDiagnosis
     from fleet.transport import HostOutcome, Runner
 
 DEFAULT_SHOW = 100
@@ -100,7 +100,7 @@ def logs(
         raise UsageError("give either PROFILE or --path, not both")
     if not profile and not remote_path:
         raise UsageError("give a PROFILE (its log is ~/.fleet/run/PROFILE/vllm.log) or --path FILE")
-    from fleet.diagnosis.remote import check_path, profile_log_path
+    from fleet.diagnosis.host_logs import check_path, profile_log_path
 
     path = check_path(remote_path if remote_path else profile_log_path(profile or ""))
     selected = app.select(hosts)
@@ -129,7 +129,7 @@ def _local(app: AppContext, path: Path, tail: int | None, diagnose: bool) -> int
         raise UsageError(f"{path}: {exc.strerror or exc}") from None
     if not diagnose:
         return _show_local(app, path, tail or DEFAULT_SHOW)
-    from fleet.diagnosis.engine import exit_code
+    from fleet.diagnosis.engine import diagnoses_exit_code
     from fleet.diagnosis.scan import diagnose_file
 
     result = diagnose_file(path, tail=tail)
@@ -146,11 +146,11 @@ def _local(app: AppContext, path: Path, tail: int | None, diagnose: bool) -> int
         )
     else:
         render_diagnoses(app.console, result.diagnoses, where=str(path), lines=result.lines)
-    return exit_code(result.diagnoses)
+    return diagnoses_exit_code(result.diagnoses)
 
 
 def _show_local(app: AppContext, path: Path, lines: int) -> int:
-    from fleet.diagnosis.remote import MAX_LINE_BYTES
+    from fleet.diagnosis.host_logs import MAX_LINE_BYTES
     from fleet.diagnosis.scan import CHUNK, tail_offset
     from fleet.transport.runner import split_lines
 
@@ -183,8 +183,8 @@ def _print_lines(app: AppContext, numbered: list[tuple[int, str]]) -> None:
 
 
 def _diagnose_hosts(app: AppContext, selected: list[Any], path: str, tail: int | None) -> int:
-    from fleet.diagnosis.engine import exit_code as diag_exit
-    from fleet.diagnosis.remote import diagnose_remote
+    from fleet.diagnosis.engine import diagnoses_exit_code
+    from fleet.diagnosis.host_logs import diagnose_remote
     from fleet.transport import exit_code
 
     def run(conn: Runner) -> RemoteDiagnosis:
@@ -202,7 +202,7 @@ def _diagnose_hosts(app: AppContext, selected: list[Any], path: str, tail: int |
             if o.value is not None:
                 _render_outcome(app.console, o.host, o.value)
         failure_lines(app.console, outcomes)
-    found = any(diag_exit(o.value.diagnoses) for o in outcomes if o.value is not None)
+    found = any(diagnoses_exit_code(o.value.diagnoses) for o in outcomes if o.value is not None)
     return exit_code(outcomes, problem_found=found)
 
 
@@ -210,8 +210,8 @@ def hosts_json(outcomes: list[HostOutcome[RemoteDiagnosis]]) -> dict[str, Any]:
     """``{"diagnoses": [...], "hosts": {name: {"diagnoses": [...], "bytes_received": N, ...}}}``.
 
     The top-level ``diagnoses`` (docs/contracts.md) holds every host's diagnoses, each
-    with its ``host``, ranked by :func:`fleet.diagnosis.remote.rank_across_hosts`."""
-    from fleet.diagnosis.remote import RemoteDiagnosis, rank_across_hosts
+    with its ``host``, ranked by :func:`fleet.diagnosis.host_logs.rank_across_hosts`."""
+    from fleet.diagnosis.host_logs import RemoteDiagnosis, rank_across_hosts
     from fleet.transport import hosts_json as per_host_json
 
     ranked = rank_across_hosts(
@@ -243,7 +243,7 @@ def _size(n: int) -> str:
 
 
 def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> int:
-    from fleet.diagnosis.remote import tail_lines
+    from fleet.diagnosis.host_logs import tail_lines
     from fleet.transport import exit_code
 
     outcomes = app.fan_out(selected, lambda conn: tail_lines(conn, path, lines))
@@ -274,8 +274,8 @@ def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> 
 
 def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -> int:
     from fleet.cli.render import terminal_safe
-    from fleet.diagnosis.engine import exit_code as diag_exit
-    from fleet.diagnosis.remote import follow_resumable
+    from fleet.diagnosis.engine import diagnoses_exit_code
+    from fleet.diagnosis.host_logs import follow_resumable
 
     session = app.session()
     found: list[Diagnosis] = []
@@ -303,7 +303,7 @@ def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -
     except KeyboardInterrupt:
         click.echo("fleet: interrupted", err=True)
         return EXIT_INTERRUPTED
-    return diag_exit(found) if diagnose else EXIT_OK
+    return diagnoses_exit_code(found) if diagnose else EXIT_OK
 
 
 # --------------------------------------------------------------------------- rendering

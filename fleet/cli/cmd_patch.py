@@ -13,7 +13,7 @@ from fleet.patching.manifest import DEFAULT_PATCH_SET
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from fleet.patching.service import HostReport
+    from fleet.patching.apply import HostReport
     from fleet.transport import HostOutcome, Runner
 
 STATUS_STYLE = {
@@ -62,8 +62,8 @@ def patch(
     with --revert. Exit 0 when every host is patched (or would be, with --check), 1 on a
     conflict, 3 if a host is unreachable.
     """
+    from fleet.patching.apply import apply_host, revert_host
     from fleet.patching.manifest import load_patch_set
-    from fleet.patching.service import apply_host, revert_host
     from fleet.transport import exit_code
 
     if force and not revert:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from fleet.inventory import HostSpec
-    from fleet.serving.service import ServeResult
+    from fleet.serving.serve import ServeResult
     from fleet.serving.status import StopReport
     from fleet.transport import HostOutcome
 
@@ -222,7 +222,7 @@ def serve(
     one crashed, stalled, timed out or was refused, 2 for bad input, 3 if unreachable.
     """
     from fleet.serving.profile import profile_path
-    from fleet.serving.service import ServeOptions, serve_host
+    from fleet.serving.serve import ServeOptions, serve_host
     from fleet.transport import exit_code
 
     profile_path(profile)  # an unknown profile is exit 2 before connecting

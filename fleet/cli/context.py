@@ -22,14 +22,20 @@ LOG_FORMAT = "fleet: %(levelname)s %(name)s: %(message)s"
 
 
 def setup_logging(verbose: int) -> None:
-    """``-vv`` logs every remote command (masked) with host, exit code, duration and bytes,
-    the traceback of a host's unexpected exception, and paramiko's own records (INFO and
-    up: handshakes, a port that does not speak SSH...) on stderr. Without ``-vv`` nothing
-    of paramiko's reaches stderr: each failure is one line for its host."""
+    """``-v`` logs what a long run meets on stderr: each step of a serve, connections lost
+    and re-established (and after how long), the follow resumed at its byte, what a remote
+    log filter moved. ``-vv`` adds every remote command (masked) with host, exit code,
+    duration and bytes, the patch plans kept or made, the traceback of a host's
+    unexpected exception, and paramiko's own records (INFO and up: handshakes, a port that
+    does not speak SSH...). Without ``-vv`` nothing of paramiko's reaches stderr: each
+    failure is one line for its host."""
     logging.getLogger("paramiko").addHandler(logging.NullHandler())
-    if verbose < 2:
+    if verbose < 1:
         return
-    for name, level in (("fleet", logging.DEBUG), ("paramiko", logging.INFO)):
+    wanted = [("fleet", logging.INFO)]
+    if verbose >= 2:
+        wanted = [("fleet", logging.DEBUG), ("paramiko", logging.INFO)]
+    for name, level in wanted:
         logger = logging.getLogger(name)
         if not any(getattr(h, "_fleet", False) for h in logger.handlers):
             handler = logging.StreamHandler()

@@ -8,7 +8,7 @@ Pure entry points (lines in, ranked diagnoses out)::
 
 ``Engine`` is incremental (``feed(lineno, raw)`` then ``results()``) for live logs;
 ``fleet.diagnosis.scan.diagnose_file`` handles local files of any size and
-``fleet.diagnosis.remote`` filters remote logs on the host with ``grep``.
+``fleet.diagnosis.host_logs`` filters remote logs on the host with ``grep``.
 """
 
 from fleet.diagnosis.catalogue import CompiledCatalogue, load_catalogue
@@ -17,7 +17,7 @@ from fleet.diagnosis.engine import (
     diagnose,
     diagnose_numbered,
     diagnose_text,
-    exit_code,
+    diagnoses_exit_code,
     with_values,
 )
 from fleet.diagnosis.models import TAXONOMY, Diagnosis, Evidence
@@ -31,7 +31,7 @@ __all__ = [
     "diagnose",
     "diagnose_numbered",
     "diagnose_text",
-    "exit_code",
+    "diagnoses_exit_code",
     "load_catalogue",
     "with_values",
 ]

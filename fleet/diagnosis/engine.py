@@ -812,6 +812,6 @@ def diagnose_text(
     return diagnose(text.split("\n"), host=host, catalogue=catalogue)
 
 
-def exit_code(diagnoses: Iterable[Diagnosis]) -> int:
+def diagnoses_exit_code(diagnoses: Iterable[Diagnosis]) -> int:
     """1 when a fatal/error diagnosis was found, else 0 (the ``fleet logs`` contract)."""
     return 1 if any(d.is_problem for d in diagnoses) else 0

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from fleet.facts.models import HostFacts
 from fleet.facts.parsers import parse_facts
-from fleet.onhost.runner import run_onhost
+from fleet.onhost.client import run_onhost
 
 if TYPE_CHECKING:
     from fleet.transport import Runner

@@ -1,7 +1,7 @@
 """Everything that runs ON a host, and the one local runner that sends it there.
 
 Shipped (Python 3.8+, standard library only, never importing vLLM; bundled per run by
-:func:`fleet.onhost.runner.bundle`, see ``_common.py`` for the bundle and its envelope):
+:func:`fleet.onhost.client.bundle`, see ``_common.py`` for the bundle and its envelope):
 
 - ``_common.py``   the runtime in front of every script: sys.path without the working
                    directory, find vLLM, its version, the request and the answer envelope
@@ -10,10 +10,10 @@ Shipped (Python 3.8+, standard library only, never importing vLLM; bundled per r
 - ``patch.py``     ``fleet patch``'s fetch / atomic apply / revert
 - ``source.py``    ``fleet source``: locate, contain, then ``sed -n`` / ``grep -rn``
 - ``vllm_sim*.py`` the rehearsal vLLM of sandbox hosts: a simulated ``vllm serve``
-                   installed as ``<env>/bin/vllm`` (:func:`fleet.onhost.runner.executable`;
+                   installed as ``<env>/bin/vllm`` (:func:`fleet.onhost.client.executable`;
                    no envelope: it talks like the tool it stands in for)
 
-Local only: ``runner.py`` (:func:`~fleet.onhost.runner.run_onhost`). Nothing outside this
+Local only: ``client.py`` (:func:`~fleet.onhost.client.run_onhost`). Nothing outside this
 package ships code to a host (``tests/unit/test_onhost_contract.py`` checks every shipped
 script: 3.8 syntax, stdlib-only imports, envelope and schema, a decoy ``vllm/`` package in
 the working directory ignored, ``~/`` interpreter paths).

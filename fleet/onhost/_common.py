@@ -2,7 +2,7 @@
 #
 # Runs ON THE HOST with the interpreter of the vLLM environment (the inventory's
 # `python`), Python 3.8+, standard library only; it never imports vLLM or torch.
-# `fleet.onhost.runner.bundle()` writes, in this order: a two-line prologue that drops the
+# `fleet.onhost.client.bundle()` writes, in this order: a two-line prologue that drops the
 # working directory from sys.path before anything is imported (a `platform.py` or a
 # `vllm/` package in the login directory must never be executed or found), this module,
 # the modules a script imports from `fleet.onhost`, the script, and one call:
@@ -14,7 +14,7 @@
 # waits: EOF on it means fleet is gone, and the watchdog (watch_fleet) ends the script and
 # the tools it started, unless the operation holds (hold_on_hangup: a write in progress).
 #
-# A script in a conversation (`converse` instead of `serve`, fleet.onhost.runner's
+# A script in a conversation (`converse` instead of `serve`, fleet.onhost.client's
 # Conversation) answers its first request, then reads further requests from the held stdin
 # (each framed: its length, a newline, the encoded request; fleet sends one only after the
 # answer to the last) and answers each the same way, until stdin ends.

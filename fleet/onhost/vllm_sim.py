@@ -2,7 +2,7 @@
 #
 # Installed by the sandbox as an executable `<env>/bin/vllm` (a shebang naming the env's
 # python, the bundle of this module, `sys.exit(main(sys.argv[1:]))`; see
-# fleet.onhost.runner.executable). Python 3.8+, standard library only, never vLLM.
+# fleet.onhost.client.executable). Python 3.8+, standard library only, never vLLM.
 #
 # From the outside it behaves like vLLM on an 8-GPU host (docs/research/vllm-serve.md): the
 # same command line, log lines with the installed tree's format strings and call-start

@@ -2,5 +2,5 @@
 
 - :mod:`fleet.patching.manifest` – ``templates/patches/<name>/manifest.yaml`` (pydantic);
 - :mod:`fleet.patching.engine` – (texts, patch set, vLLM version) -> new texts or conflicts;
-- :mod:`fleet.patching.remote` – fetch/write/revert on a host in one round trip each.
+- :mod:`fleet.patching.host_calls` – fetch/write/revert on a host in one round trip each.
 """

@@ -40,7 +40,7 @@ def _literal_eval(text: str) -> Any:
 if TYPE_CHECKING:
     import jinja2
 
-Status = Literal[
+PatchStatus = Literal[
     "would-apply",
     "applied",
     "already-applied",
@@ -109,7 +109,7 @@ class Conflict:
 @dataclass
 class FilePlan:
     path: str
-    status: Status
+    status: PatchStatus
     original: str | None
     new_text: str | None = None
     conflict: Conflict | None = None

@@ -8,7 +8,7 @@
     <home>/ml-env/lib/pythonX.Y/site-packages/vllm, vllm-<v>.dist-info
                                         the real wheel's Python files and metadata
     <home>/ml-env/bin/vllm              the rehearsal vLLM (``fleet/onhost/vllm_sim.py``)
-    <home>/models/                      target and drafter checkpoints (``fleet.sandbox.models``)
+    <home>/models/                      checkpoints (``fleet.sandbox.checkpoints``)
     <home>/bin/nvidia-smi               stand-in: 8 x NVIDIA B200 (``fleet.onhost.nvidia_smi``)
     <home>/.fleet-sandbox/host.json     {"host", "vllm", "load_seconds", "gpu_name", ...}
     <home>/.fleet-sandbox/gpu-state.json  optional: memory/processes nvidia-smi reports

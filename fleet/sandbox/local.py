@@ -7,7 +7,7 @@ Per host, under ``DIR/hosts/<name>/``::
     listener.json  {"pid", "start"}: what ``down`` stops, checked by start time
     sshd.log       sshd's own log (LogLevel VERBOSE: one "Connection from" per connection)
     home/          the host's home: ml-env/ (vLLM files, bin/vllm: the rehearsal vLLM),
-                   bin/nvidia-smi, models/ (fleet.sandbox.models), .fleet-sandbox/
+                   bin/nvidia-smi, models/ (fleet.sandbox.checkpoints), .fleet-sandbox/
 """
 
 from __future__ import annotations
@@ -483,7 +483,7 @@ def _is_sshd(pid: int) -> bool:
 def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:
     """A rehearsal host's home: ``ml-env`` holding the real vLLM files and the rehearsal
     ``vllm`` executable, ``bin/nvidia-smi``, ``models/`` (target and drafter checkpoints)."""
-    from fleet.sandbox.models import build_models
+    from fleet.sandbox.checkpoints import build_models
 
     env = home / model.ENV_DIR
     venv.EnvBuilder(with_pip=False, symlinks=(os.name != "nt"), clear=True).create(env)
@@ -519,7 +519,7 @@ def install_nvidia_smi(home: Path, *, python: str) -> Path:
 def install_vllm(env: Path, *, python: str) -> Path:
     """``env/bin/vllm``: the rehearsal vLLM (``fleet/onhost/vllm_sim.py``) as an executable
     run by the environment's ``python``, standing where pip puts vLLM's console script."""
-    from fleet.onhost.runner import executable
+    from fleet.onhost.client import executable
 
     path = env / "bin" / "vllm"
     write_text_atomic(path, executable("vllm_sim", "main", python), mode=0o755)
@@ -533,8 +533,8 @@ def stage_rehearsal_files(root: Path, *, home: str = "/root", python: str | None
 
     For backends that build a host's files elsewhere than in a local home (docker's
     ``stage_serve_files(overlay, version)`` is ``stage_rehearsal_files(overlay)``)."""
-    from fleet.onhost.runner import executable
-    from fleet.sandbox.models import build_models
+    from fleet.onhost.client import executable
+    from fleet.sandbox.checkpoints import build_models
 
     base = root / home.lstrip("/")
     interpreter = python or str(PurePosixPath(home) / model.ENV_DIR / "bin" / "python")

@@ -222,7 +222,7 @@ def render_inventory(
     hosts: dict[str, dict[str, object]] = {}
     for h in state.hosts:
         entry: dict[str, object] = {"address": h.address, "port": h.port, "python": h.python}
-        # where the rehearsal checkpoints are (fleet.sandbox.models) and a port of its own
+        # where the rehearsal checkpoints are (fleet.sandbox.checkpoints) and a port of its own
         # (every local host shares 127.0.0.1), for serve profiles: {{ models_dir }}/Kimi-K2.5
         entry["models_dir"] = str(PurePosixPath(h.home) / MODELS_DIR)
         if h.vllm_port:

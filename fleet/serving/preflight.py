@@ -29,7 +29,7 @@ from fleet.serving.profile import Profile
 
 if TYPE_CHECKING:
     from fleet.facts.models import GpuInfo
-    from fleet.patching.service import HostReport
+    from fleet.patching.apply import HostReport
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fleet.facts.parsers import parse_gpu_part
-from fleet.serving import remote
+from fleet.serving import host_calls
 from fleet.transport.outcome import Verdict
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class ProfileReport:
         }
 
 
-def report_of(name: str, entry: remote.ProfileStatus, address: str) -> ProfileReport:
+def report_of(name: str, entry: host_calls.ProfileStatus, address: str) -> ProfileReport:
     """One profile's state (pure: from the on-host answer)."""
     from fleet.serving.phases import PhaseTracker
     from fleet.serving.readiness import acceptance, parse_metrics
@@ -83,7 +83,7 @@ def report_of(name: str, entry: remote.ProfileStatus, address: str) -> ProfileRe
 
 
 def host_status(conn: Runner, profile: str | None = None) -> list[ProfileReport]:
-    answer = remote.status(conn, [profile] if profile else None, metrics=True)
+    answer = host_calls.status(conn, [profile] if profile else None, metrics=True)
     address = conn.host.target
     return [report_of(name, entry, address) for name, entry in sorted(answer.profiles.items())]
 
@@ -118,7 +118,7 @@ def stop_host(conn: Runner, host: HostSpec, profile_name: str) -> StopReport:
     from fleet.serving.profile import for_host
 
     grace = for_host(profile_name, host).stop_grace_s
-    answer = remote.stop(conn, profile_name, timeout=grace + 30)
+    answer = host_calls.stop(conn, profile_name, timeout=grace + 30)
     gpus, _status, _error = parse_gpu_part(answer.gpus)
     used = [g.memory_used_mib for g in gpus if g.memory_used_mib is not None]
     return StopReport(

@@ -248,7 +248,7 @@ class HostConnection:
         ``tick`` yields ``b""`` and goes on waiting (a caller that watches the clock while
         a remote command is silent). The command's stdin stays open while the stream is
         read: closing the generator closes the channel, and a remote command that waits
-        for the end of its stdin (``cat >/dev/null; kill ...``, see fleet.diagnosis.remote)
+        for the end of its stdin (``cat >/dev/null; kill ...``, see fleet.diagnosis.host_logs)
         ends with it even when it never writes again. A dropped connection raises
         :class:`ConnectionLost`.
         """
@@ -530,7 +530,7 @@ def _private_key(path: str) -> paramiko.PKey | None:
         return _KEYS[key]
 
 
-def fabric_connection(
+def configured_connection(
     spec: HostSpec,
     options: ConnectOptions,
     gateway: Connection | DirectConnection | None = None,
@@ -645,7 +645,7 @@ def open_connection(
     shared = gateway.fabric if gateway is not None else None
 
     def attempt() -> Connection | DirectConnection:
-        conn = fabric_connection(spec, options, shared)
+        conn = configured_connection(spec, options, shared)
         try:
             conn.open()
         except BaseException as exc:

@@ -242,7 +242,7 @@ def _bare_host(name: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class KeyVerdict:
     status: Literal["pinned", "unknown", "changed", "revoked"]
     pinned: paramiko.PKey | None = None
     """The pinned key the offered one was compared with (for its fingerprint)."""
@@ -321,7 +321,7 @@ class KnownHosts:
                 keys.append(key)
         return keys
 
-    def verdict(self, name: str, key: paramiko.PKey) -> Verdict:
+    def verdict(self, name: str, key: paramiko.PKey) -> KeyVerdict:
         """What OpenSSH's ``check_host_key`` decides for ``key`` offered by ``name``.
 
         Revoked for ``name`` -> "revoked". Equal to a pinned key of its type ->
@@ -331,24 +331,24 @@ class KnownHosts:
         ``host``. Otherwise a key of another type pinned -> "changed" (fleet does not
         quietly add a second identity), nothing at all -> "unknown"."""
         if self.is_revoked(name, key):
-            return Verdict("revoked")
+            return KeyVerdict("revoked")
         pinned = self.keys_for(name)
         same_type = [k for k in pinned if k.get_name() == key.get_name()]
         blob = key.asbytes()
         if any(k.asbytes() == blob for k in same_type):
-            return Verdict("pinned", key)
+            return KeyVerdict("pinned", key)
         if same_type:
-            return Verdict("changed", same_type[0])
+            return KeyVerdict("changed", same_type[0])
         bare = _bare_host(name)
         if (
             bare is not None
             and not self.is_revoked(bare, key)
             and any(k.asbytes() == blob for k in self.keys_for(bare))
         ):
-            return Verdict("pinned", key)
+            return KeyVerdict("pinned", key)
         if pinned:
-            return Verdict("changed", pinned[0])
-        return Verdict("unknown")
+            return KeyVerdict("changed", pinned[0])
+        return KeyVerdict("unknown")
 
     def lookup(self, name: str) -> dict[str, paramiko.PKey] | None:
         """Like ``paramiko.HostKeys.lookup``: key type -> key (the first pinned of each

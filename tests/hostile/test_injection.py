@@ -110,7 +110,7 @@ class _As:
 
 @pytest.mark.integration
 def test_every_remote_place_over_ssh(shared_sandbox: Any, canary: Path, tally: Tally) -> None:
-    from fleet.diagnosis.remote import (
+    from fleet.diagnosis.host_logs import (
         check_path,
         diagnose_remote,
         port_holder,
@@ -118,7 +118,7 @@ def test_every_remote_place_over_ssh(shared_sandbox: Any, canary: Path, tally: T
         tail_lines,
     )
     from fleet.inventory import load_inventory
-    from fleet.onhost.runner import run_raw
+    from fleet.onhost.client import run_raw
     from fleet.source import grep_tree, parse_file_spec, show_file
     from fleet.transport import Session
 

@@ -150,7 +150,7 @@ def test_timeouts_and_errors_end_what_they_started(box: Any, tally: Tally) -> No
     """Library paths: a command past its timeout, an on-host script past its timeout, a
     stream closed early, a stream whose reader fails."""
     from fleet.inventory import load_inventory
-    from fleet.onhost.runner import run_raw
+    from fleet.onhost.client import run_raw
     from fleet.transport import Session, shell
 
     category = "timeouts and errors"

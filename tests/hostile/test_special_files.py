@@ -240,7 +240,7 @@ def test_a_huge_local_one_line_file_is_shown_cut_in_bounded_memory(tmp_path: Pat
     memory than a 4 KiB file does."""
     import sys
 
-    from fleet.diagnosis.remote import MAX_LINE_BYTES
+    from fleet.diagnosis.host_logs import MAX_LINE_BYTES
 
     huge, small = tmp_path / "huge.log", tmp_path / "small.log"
     with open(huge, "wb") as fh:

@@ -45,6 +45,7 @@ class ServeRun:
     box: Sandbox
     host: str
     args: tuple[str, ...] = ()
+    verbose: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
     proc: subprocess.Popen[str] | None = None
     _rest: list[str] = field(default_factory=list)
@@ -58,8 +59,8 @@ class ServeRun:
         return self
 
     def start(self) -> ServeRun:
-        cmd = [*self.box.fleet_argv(), "--json", "serve", PROFILE, "--host", self.host,
-               "--events", *self.args]  # fmt: skip
+        cmd = [*self.box.fleet_argv(), *(["-v"] if self.verbose else []), "--json", "serve",
+               PROFILE, "--host", self.host, "--events", *self.args]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=self.box.fleet_env(),

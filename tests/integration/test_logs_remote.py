@@ -265,7 +265,7 @@ def test_follow_json_without_diagnose_prints_each_line(box: Sandbox) -> None:
 def test_pathological_log_is_capped_and_secrets_masked(box: Sandbox) -> None:
     """Every line matches the prefilter: at most the byte cap crosses the network, the end
     of the log is still diagnosed, and the API key in vLLM's args line is never shown."""
-    from fleet.diagnosis.remote import output_cap
+    from fleet.diagnosis.host_logs import output_cap
 
     host = box.hosts[0]
     python = shlex.quote(host.python)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from fleet.inventory import load_inventory
-from fleet.onhost import runner
+from fleet.onhost import client
 from fleet.patching.manifest import load_patch_set
 from fleet.sandbox.core import Sandbox
 from fleet.transport import Session
@@ -58,7 +58,7 @@ def probe(box: Sandbox) -> dict[str, dict[str, Any]]:
     with Session(inv) as session:
         for spec in inv.select(["all"]):
             conn = session.connect(spec)
-            script = runner.bundle("_common").text + PROBE
+            script = client.bundle("_common").text + PROBE
             res = conn.run([spec.python, "-", *PATHS], stdin=script, timeout=60).check("probe")
             out[spec.name] = json.loads(res.stdout)
     return out

@@ -102,10 +102,12 @@ def test_a_cut_at_each_step_ends_ready_with_one_launch(box: Sandbox, host: str, 
     match, how, knobs = CUTS[step]
     box.set_sim(host, number_lines=True, **knobs)
     action = cut_in_script(box, host) if how == "script" else cut_now(box, host)
-    run = ServeRun(box, host).when(match, action).start()
+    run = ServeRun(box, host, verbose=True).when(match, action).start()
     code, r, err = run.finish()
     assert_ready_once(box, host, code, r, err)
     assert r["link"]["reconnects"] >= 1, r["link"]
+    # -v says what happened: the drop, the step it hit, the reconnect
+    assert "connection lost during" in err and "reconnected after" in err, err[-3000:]
     if step in ("preflight", "launch"):
         # the cut landed inside that step's on-host script, which was asked again
         assert r["link"]["by_step"].get(step, 0) >= 1, r["link"]

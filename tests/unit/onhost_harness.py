@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleet.onhost import runner
+from fleet.onhost import client
 
 
 def run_bundle(
@@ -17,7 +17,7 @@ def run_bundle(
     """``fleet/onhost/<script>.py`` bundled with ``request`` and run (exit 0 required)."""
     return subprocess.run(
         [sys.executable, "-"],
-        input=runner.with_request(script, request),
+        input=client.with_request(script, request),
         capture_output=True,
         env=env,
         cwd=cwd,
@@ -27,6 +27,6 @@ def run_bundle(
 
 def answer(proc: subprocess.CompletedProcess[bytes]) -> dict[str, Any]:
     """The answer envelope of a run (it must have one)."""
-    doc, _rest = runner.split_answer(proc.stdout)
+    doc, _rest = client.split_answer(proc.stdout)
     assert doc is not None, proc.stderr[-2000:]
     return doc

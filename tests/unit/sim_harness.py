@@ -1,8 +1,8 @@
 """Run the rehearsal vLLM (fleet/onhost/vllm_sim.py) for real, against real vLLM trees.
 
 A "home" is what a sandbox host has: ``.fleet-sandbox/host.json`` (load_seconds),
-optional ``sim.json`` knobs, ``models/`` (fleet.sandbox.models) and the ``vllm``
-executable (fleet.onhost.runner.executable with this interpreter). The vLLM tree is found
+optional ``sim.json`` knobs, ``models/`` (fleet.sandbox.checkpoints) and the ``vllm``
+executable (fleet.onhost.client.executable with this interpreter). The vLLM tree is found
 the way the simulator finds it on a host (import machinery, here via PYTHONPATH): the
 real wheel's files, or a copy patched with fleet's patch engine (as
 tests/unit/test_patch_behaviour.py patches).
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet.onhost.runner import executable
+from fleet.onhost.client import executable
 from fleet.patching.engine import plan_host
 from fleet.patching.manifest import load_patch_set
+from fleet.sandbox.checkpoints import build_models
 from fleet.sandbox.local import free_port
-from fleet.sandbox.models import build_models
 from fleet.sandbox.vllm_source import vllm_tree
 
 DRAFTER = "Kimi-K25-eagle3"

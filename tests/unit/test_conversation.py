@@ -1,7 +1,7 @@
 """A conversation: several requests to one on-host script, answered by one process.
 
 ``fleet patch`` reads a host's files, plans them on this machine, then writes, all through
-one process and one channel (``Conversation`` in fleet/onhost/runner.py, ``converse`` in
+one process and one channel (``Conversation`` in fleet/onhost/client.py, ``converse`` in
 fleet/onhost/_common.py). Run for real with :class:`LocalRunner` on a real vLLM tree; the
 same dialogue over SSH is covered by tests/integration/test_patch.py.
 """
@@ -17,8 +17,8 @@ import pytest
 
 from fleet.errors import OperationFailed
 from fleet.inventory import HostSpec
-from fleet.onhost import runner
-from fleet.patching import remote
+from fleet.onhost import client
+from fleet.patching import host_calls
 from fleet.sandbox.procs import running
 from fleet.sandbox.vllm_source import vllm_tree
 from fleet.transport import LocalRunner
@@ -39,7 +39,7 @@ def conn(tmp_path: Path) -> LocalRunner:
     return LocalRunner(HostSpec(name="h", python=sys.executable), cwd=home, env=env)
 
 
-def _pid(talk: runner.Conversation) -> int:
+def _pid(talk: client.Conversation) -> int:
     dialogue: Any = talk._dialogue
     return int(dialogue.proc.pid)
 
@@ -67,13 +67,13 @@ def _apply(fetched: dict[str, Any], fault: str | None) -> dict[str, Any]:
 
 
 def test_one_process_answers_every_request_and_ends_with_its_stdin(conn: LocalRunner) -> None:
-    with runner.Conversation(conn, "patch") as talk:
+    with client.Conversation(conn, "patch") as talk:
         first = talk.ask_raw(FETCH, timeout=60).result
         pid = _pid(talk)
         # a refusal is an answer: the conversation goes on
-        with pytest.raises(runner.Refusal, match="unknown operation"):
+        with pytest.raises(client.HostRefusal, match="unknown operation"):
             talk.ask_raw({"op": "no-such-op"}, timeout=60)
-        again = talk.ask(FETCH, remote.FetchAnswer, timeout=60)
+        again = talk.ask(FETCH, host_calls.FetchAnswer, timeout=60)
         assert _pid(talk) == pid and running(pid)
         closing = time.monotonic()
     assert conn.commands_run == 1
@@ -86,18 +86,18 @@ def test_one_process_answers_every_request_and_ends_with_its_stdin(conn: LocalRu
 
 
 def test_a_script_that_dies_mid_conversation_is_an_error_not_a_hang(conn: LocalRunner) -> None:
-    with runner.Conversation(conn, "patch") as talk:
+    with client.Conversation(conn, "patch") as talk:
         fetched = talk.ask_raw(FETCH, timeout=60).result
-        with pytest.raises(runner.OnhostError, match=r"without an answer \(exit 97\)"):
+        with pytest.raises(client.OnhostError, match=r"without an answer \(exit 97\)"):
             talk.ask_raw(_apply(fetched, "after-lock"), timeout=60)  # exits at once
-        with pytest.raises(runner.OnhostError, match=r"ended \(exit 97\) before the next"):
+        with pytest.raises(client.OnhostError, match=r"ended \(exit 97\) before the next"):
             talk.ask_raw(FETCH, timeout=60)
 
 
 def test_a_request_past_its_timeout_fails_and_a_write_still_finishes(
     conn: LocalRunner,
 ) -> None:
-    with runner.Conversation(conn, "patch") as talk:
+    with client.Conversation(conn, "patch") as talk:
         fetched = talk.ask_raw(FETCH, timeout=60).result
         pid = _pid(talk)
         started = time.monotonic()
@@ -116,34 +116,34 @@ def test_an_operation_that_streams_its_output_is_refused_in_a_conversation(
     conn: LocalRunner,
 ) -> None:
     show = {"op": "show", "path": "_version.py", "start": 1, "end": 2, "time_limit": 30}
-    refused = pytest.raises(runner.Refusal, match="cannot answer in a conversation")
-    with runner.Conversation(conn, "source") as talk, refused:
+    refused = pytest.raises(client.HostRefusal, match="cannot answer in a conversation")
+    with client.Conversation(conn, "source") as talk, refused:
         talk.ask_raw(show, timeout=60)
 
 
 def test_a_missing_interpreter_is_named(tmp_path: Path) -> None:
     conn = LocalRunner(HostSpec(name="h", python=str(tmp_path / "no-python")), cwd=tmp_path)
-    missing = pytest.raises(runner.PythonMissing, match="not found on the host")
-    with runner.Conversation(conn, "patch") as talk, missing:
+    missing = pytest.raises(client.PythonMissing, match="not found on the host")
+    with client.Conversation(conn, "patch") as talk, missing:
         talk.ask_raw(FETCH, timeout=60)
 
 
 def test_a_broken_frame_ends_the_conversation(conn: LocalRunner) -> None:
     """Bytes that are not a frame (a length, a newline, the request): the script stops
     reading and ends; fleet reports that it ended, never hangs."""
-    with runner.Conversation(conn, "patch") as talk:
+    with client.Conversation(conn, "patch") as talk:
         talk.ask_raw(FETCH, timeout=60)
         pid = _pid(talk)
         dialogue: Any = talk._dialogue
         dialogue.send(b"not a length\n")
         assert _ends(pid, within=10.0) is not None
-        with pytest.raises(runner.OnhostError, match="without an answer"):
+        with pytest.raises(client.OnhostError, match="without an answer"):
             talk.ask_raw(FETCH, timeout=10)
 
 
 def test_leaving_the_block_early_ends_the_script(conn: LocalRunner) -> None:
     """Leaving the block early (an exception here, as on Ctrl-C) ends the script too."""
-    with pytest.raises(RuntimeError), runner.Conversation(conn, "patch") as talk:
+    with pytest.raises(RuntimeError), client.Conversation(conn, "patch") as talk:
         talk.ask_raw(FETCH, timeout=60)
         pid = _pid(talk)
         raise RuntimeError("the caller failed while the script waited")

@@ -159,7 +159,7 @@ def test_every_match_contains_its_prefilter_literal_and_a_gate() -> None:
 @pytest.mark.skipif(shutil.which("grep") is None, reason="grep not installed")
 def test_grep_prefilter_selects_every_line_the_engine_matches(tmp_path: Path) -> None:
     """The ERE built from the literals, run by the real grep -E, keeps every matching line."""
-    from fleet.diagnosis.remote import prefilter_regex
+    from fleet.diagnosis.host_logs import prefilter_regex
 
     cat = load_catalogue()
     lines = _corpus_lines()

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.diagnosis import diagnose, exit_code
+from fleet.diagnosis import diagnose, diagnoses_exit_code
 from fleet.diagnosis.scan import diagnose_file
 
 SETTINGS = settings(
@@ -145,7 +145,7 @@ def log(draw: st.DrawFn, with_signal: bool) -> list[str]:
 @given(log(with_signal=True))
 def test_a_log_with_an_error_signal_is_never_clean(lines: list[str]) -> None:
     found = diagnose(lines)
-    assert exit_code(found) == 1, (lines, [(d.id, d.severity) for d in found])
+    assert diagnoses_exit_code(found) == 1, (lines, [(d.id, d.severity) for d in found])
     assert found[0].evidence, found[0]
 
 
@@ -162,7 +162,7 @@ def test_the_file_scanner_is_never_falsely_clean_either(
 ) -> None:
     path = tmp_path_factory.mktemp("sig") / "x.log"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert exit_code(diagnose_file(path).diagnoses) == 1
+    assert diagnoses_exit_code(diagnose_file(path).diagnoses) == 1
 
 
 def test_unrecognized_error_evidence_prefers_the_exception_then_the_error_line() -> None:

@@ -152,7 +152,7 @@ def test_no_secret_in_diagnosis_output(tmp_path: Path) -> None:
 
 
 def _remote(host: str, log: Path, diagnoses: list[Any]) -> Any:
-    from fleet.diagnosis.remote import RemoteDiagnosis
+    from fleet.diagnosis.host_logs import RemoteDiagnosis
 
     return RemoteDiagnosis(host=host, path=str(log), diagnoses=diagnoses)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fleet.diagnosis import diagnose_numbered, diagnose_text
-from fleet.diagnosis.remote import Header, grep_command, parse_grep
+from fleet.diagnosis.host_logs import Header, grep_command, parse_grep
 from fleet.diagnosis.scan import diagnose_file
 
 REPO = Path(__file__).resolve().parents[2]

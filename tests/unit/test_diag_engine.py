@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from fleet.diagnosis import Engine, diagnose, diagnose_numbered, exit_code, with_values
+from fleet.diagnosis import Engine, diagnose, diagnose_numbered, diagnoses_exit_code, with_values
 
 P = "(EngineCore_DP0 pid=7) ERROR 11-02 10:15:01 [core.py:708] "
 KV = (
@@ -48,7 +48,7 @@ def ids(lines: list[str], **kw: str) -> list[str]:
 def test_clean_log_gives_empty_list() -> None:
     assert diagnose(HEALTHY) == []
     assert diagnose([]) == []
-    assert exit_code([]) == 0
+    assert diagnoses_exit_code([]) == 0
 
 
 def test_specific_cause_beats_the_wrappers_that_follow_it() -> None:
@@ -70,7 +70,7 @@ def test_specific_cause_beats_the_wrappers_that_follow_it() -> None:
     assert top.values["max_len"] == "262144"
     assert top.fix == "--max-model-len 148592"
     assert "148592" in top.summary and "17.16" in top.summary
-    assert exit_code(result) == 1
+    assert diagnoses_exit_code(result) == 1
 
 
 def test_earlier_fatal_cause_beats_a_later_one_whichever_it_is() -> None:

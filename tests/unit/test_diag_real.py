@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from fleet.diagnosis import diagnose_numbered, diagnose_text
+from fleet.diagnosis.host_logs import Header, grep_command, parse_grep
 from fleet.diagnosis.models import TAXONOMY
 from fleet.diagnosis.normalize import fold_width, visible
-from fleet.diagnosis.remote import Header, grep_command, parse_grep
 from fleet.diagnosis.scan import diagnose_file
 
 REAL = Path(__file__).resolve().parents[1] / "corpus" / "real"

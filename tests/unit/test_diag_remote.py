@@ -1,4 +1,4 @@
-"""The remote log commands (fleet.diagnosis.remote), run HERE by real shells on real files.
+"""The remote log commands (fleet.diagnosis.host_logs), run HERE by real shells on real files.
 
 A ``LocalConnection`` runs each command the way a host's login shell would (``<shell> -c
 COMMAND``), so the byte caps, the one-snapshot line numbering and the ``sh -c`` wrapping
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from fleet.diagnosis import Engine
-from fleet.diagnosis import remote as R
+from fleet.diagnosis import host_logs as R
 from fleet.inventory import HostSpec
 from fleet.transport import LocalRunner
 

@@ -4,7 +4,7 @@
 - shell text is quoted and assembled only in ``fleet/transport/shell.py``: no other module
   imports ``shlex``, makes a ``Command``/``Raw`` from anything but a constant, or passes an
   f-string, a concatenation or a literal string to ``run``/``stream``;
-- code that runs on a host lives only in ``fleet/onhost/`` (only its runner sends a Python
+- code that runs on a host lives only in ``fleet/onhost/`` (only its client sends a Python
   script to a host);
 - every module has its logger (``logging.getLogger(__name__)``) where it logs at all, and
   the CLI never calls the remote layer's private helpers.
@@ -177,9 +177,9 @@ def _receiver(func: ast.Attribute) -> str:
     return ""
 
 
-def test_only_the_onhost_runner_sends_python_to_a_host() -> None:
+def test_only_the_onhost_client_sends_python_to_a_host() -> None:
     offenders = []
-    for path, tree in _py_files(skip=("transport/shell.py", "onhost/runner.py")):
+    for path, tree in _py_files(skip=("transport/shell.py", "onhost/client.py")):
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Call)
@@ -190,7 +190,7 @@ def test_only_the_onhost_runner_sends_python_to_a_host() -> None:
             ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
-    shipped = {p.stem for p in (ROOT / "onhost").glob("*.py")} - {"__init__", "runner"}
+    shipped = {p.stem for p in (ROOT / "onhost").glob("*.py")} - {"__init__", "client"}
     outside = [
         str(p.relative_to(ROOT))
         for p in ROOT.rglob("*.py")
@@ -252,7 +252,7 @@ def _logs(tree: ast.Module) -> bool:
 def test_every_module_that_logs_has_its_own_logger() -> None:
     missing = []
     for path, tree in _py_files():
-        if "onhost" in path.parts and path.stem != "runner":
+        if "onhost" in path.parts and path.stem != "client":
             continue  # runs on a host: answers, never logs
         if _logs(tree) and "log = logging.getLogger(__name__)" not in path.read_text():
             missing.append(str(path.relative_to(ROOT)))
@@ -261,7 +261,7 @@ def test_every_module_that_logs_has_its_own_logger() -> None:
         "transport/connection.py",
         "transport/runner.py",
         "transport/fanout.py",
-        "onhost/runner.py",
+        "onhost/client.py",
     )
     for rel in remote_layers:
         assert _logs(ast.parse((ROOT / rel).read_text())), f"{rel} must log what it does (-vv)"

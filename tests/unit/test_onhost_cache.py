@@ -1,6 +1,6 @@
 """The caches that make a second ``fleet inspect`` cheap: the host's cache of what is
 derived from vLLM's files (fleet/onhost/vllm_tree.py DerivedCache), the local cache of
-built bundles (fleet/onhost/runner.py), and the version read from the dist-info without
+built bundles (fleet/onhost/client.py), and the version read from the dist-info without
 importlib.metadata (fleet/onhost/_common.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from onhost_harness import answer, run_bundle
 
-from fleet.onhost import _common, runner
+from fleet.onhost import _common, client
 from fleet.onhost.vllm_tree import (
     DerivedCache,
     allowlists,
@@ -142,12 +142,12 @@ def test_the_facts_bundle_keeps_its_cache_in_the_home(tmp_path: Path) -> None:
 
 
 def test_bundle_digest_names_the_code(tmp_path: Path) -> None:
-    text = runner.bundle("facts").text
-    line = next(x for x in text.splitlines() if x.startswith(runner.DIGEST_NAME))
+    text = client.bundle("facts").text
+    line = next(x for x in text.splitlines() if x.startswith(client.DIGEST_NAME))
     digest = line.split("=", 1)[1].strip().strip("'")
     assert len(digest) == 64
-    assert runner.bundle("patch").text != text
-    assert f"{runner.DIGEST_NAME} = '{digest}'" not in runner.bundle("patch").text
+    assert client.bundle("patch").text != text
+    assert f"{client.DIGEST_NAME} = '{digest}'" not in client.bundle("patch").text
 
 
 def test_bundle_cache_is_rebuilt_when_a_module_changes(
@@ -156,21 +156,21 @@ def test_bundle_cache_is_rebuilt_when_a_module_changes(
     onhost = tmp_path / "onhost"
     onhost.mkdir()
     for name in ("_common", "probes"):
-        (onhost / f"{name}.py").write_text((runner.ONHOST_DIR / f"{name}.py").read_text())
+        (onhost / f"{name}.py").write_text((client.ONHOST_DIR / f"{name}.py").read_text())
     (onhost / "tiny.py").write_text(
         "from fleet.onhost.probes import disk_usage\n\nOPS = {'x': lambda r: 1}\n"
     )
-    monkeypatch.setattr(runner, "ONHOST_DIR", onhost)
+    monkeypatch.setattr(client, "ONHOST_DIR", onhost)
     monkeypatch.setenv("FLEET_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(runner, "_BUNDLES", {})
-    first = runner.bundle("tiny")
+    monkeypatch.setattr(client, "_BUNDLES", {})
+    first = client.bundle("tiny")
     assert first.modules == ("_common", "probes", "tiny")
     assert (tmp_path / "cache" / "bundles" / "tiny.json").is_file()
-    monkeypatch.setattr(runner, "_BUNDLES", {})
-    assert runner.bundle("tiny") == first  # read back from the cache
+    monkeypatch.setattr(client, "_BUNDLES", {})
+    assert client.bundle("tiny") == first  # read back from the cache
     (onhost / "tiny.py").write_text("OPS = {'y': lambda r: 2}\n")  # another size
-    monkeypatch.setattr(runner, "_BUNDLES", {})
-    rebuilt = runner.bundle("tiny")
+    monkeypatch.setattr(client, "_BUNDLES", {})
+    rebuilt = client.bundle("tiny")
     assert rebuilt.modules == ("_common", "tiny") and "'y'" in rebuilt.text
 
 
@@ -202,10 +202,10 @@ def test_the_hosts_keep_the_bundles_byte_code_and_distrust_a_foreign_file(
     first = _run_loader(home)
     codes = list((home / ".cache" / "fleet-onhost").glob("code-*.bin"))
     assert len(codes) == 1 and codes[0].stat().st_mode & 0o777 == 0o600
-    assert runner.split_answer(first.stdout)[0] is not None
+    assert client.split_answer(first.stdout)[0] is not None
     # a damaged file is compiled again (and replaced)
     codes[0].write_bytes(b"not marshal data")
-    assert runner.split_answer(_run_loader(home).stdout)[0] is not None
+    assert client.split_answer(_run_loader(home).stdout)[0] is not None
     assert codes[0].read_bytes() != b"not marshal data"
     # a file others may write is never loaded: a planted code object does not run
     import marshal
@@ -213,7 +213,7 @@ def test_the_hosts_keep_the_bundles_byte_code_and_distrust_a_foreign_file(
     codes[0].write_bytes(marshal.dumps(compile("print('PLANTED')", "x", "exec")))
     codes[0].chmod(0o666)
     third = _run_loader(home)
-    assert b"PLANTED" not in third.stdout and runner.split_answer(third.stdout)[0] is not None
+    assert b"PLANTED" not in third.stdout and client.split_answer(third.stdout)[0] is not None
 
 
 def test_run_captured_is_subprocess_run_without_subprocess() -> None:

@@ -13,10 +13,10 @@ import subprocess
 import sys
 import time
 
-from fleet.onhost import runner
+from fleet.onhost import client
 from fleet.sandbox.procs import running
 
-COMMON = runner.bundle("_common").text
+COMMON = client.bundle("_common").text
 
 SIGTERM_WHILE_STARTING = """
 import signal, subprocess, time

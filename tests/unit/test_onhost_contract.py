@@ -22,15 +22,15 @@ from typing import Any
 import pytest
 
 from fleet.inventory import HostSpec
-from fleet.onhost import runner
+from fleet.onhost import client
 from fleet.sandbox.vllm_source import vllm_tree
 from fleet.transport import LocalRunner, shell
 
-ONHOST = Path(runner.__file__).resolve().parent
-LOCAL_ONLY = {"__init__", "runner"}
+ONHOST = Path(client.__file__).resolve().parent
+LOCAL_ONLY = {"__init__", "client"}
 SHIPPED = sorted(p.stem for p in ONHOST.glob("*.py") if p.stem not in LOCAL_ONLY)
 SCRIPTS = sorted(
-    m for m in SHIPPED if "OPS" in runner.defined_names(ast.parse((ONHOST / f"{m}.py").read_text()))
+    m for m in SHIPPED if "OPS" in client.defined_names(ast.parse((ONHOST / f"{m}.py").read_text()))
 )
 
 # One harmless request per script; a new script needs an entry (test_every_script_is_covered).
@@ -110,10 +110,10 @@ def test_every_script_is_covered() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_bundle_has_each_module_once_and_no_name_clash(script: str) -> None:
-    bundle = runner.bundle(script)
+    bundle = client.bundle(script)
     assert bundle.modules[0] == "_common" and bundle.modules[-1] == script
     assert len(set(bundle.modules)) == len(bundle.modules)
-    assert bundle.text.startswith(runner.PROLOGUE)
+    assert bundle.text.startswith(client.PROLOGUE)
     assert "from fleet.onhost" not in bundle.text  # the imports were resolved by bundling
     ast.parse(bundle.text, feature_version=(3, 8))
 
@@ -146,7 +146,7 @@ def test_script_answers_one_envelope_and_ignores_the_working_directory(
     (home / "env" / "python").symlink_to(python)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "PYTHONPATH": str(tree)}
     conn = LocalRunner(HostSpec(name="h", python="~/env/python"), cwd=home, env=env)
-    raw = runner.run_raw(conn, script, SAMPLE[script], timeout=60)
+    raw = client.run_raw(conn, script, SAMPLE[script], timeout=60)
     assert not (home / "SHADOWED").exists()
     installed = str((tree / "vllm").resolve())
     found: Any = raw.result
@@ -159,8 +159,8 @@ def test_script_answers_one_envelope_and_ignores_the_working_directory(
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_unknown_operation_is_a_clean_refusal(script: str) -> None:
     conn = LocalRunner(HostSpec(name="h", python=sys.executable))
-    with pytest.raises(runner.Refusal) as info:
-        runner.run_raw(conn, script, {"op": "no-such-op"}, timeout=60)
+    with pytest.raises(client.HostRefusal) as info:
+        client.run_raw(conn, script, {"op": "no-such-op"}, timeout=60)
     assert info.value.code == "bad-request" and "unknown operation" in info.value.message
 
 
@@ -169,10 +169,10 @@ def test_envelope_with_noise_around_it_and_schema_checks() -> None:
 
     doc = {"schema": _common.SCHEMA, "script": "facts", "result": {"x": 1}}
     noisy = f"motd\n{_common.BEGIN}\n{_common.encode(doc)}\n{_common.END}\nbye\n".encode()
-    assert runner.split_answer(noisy) == (doc, b"bye\n")
-    assert runner.split_answer(b"no answer here") == (None, b"")
-    with pytest.raises(runner.OnhostError):
-        runner.split_answer(f"{_common.BEGIN}\n!!!\n{_common.END}\n".encode())
+    assert client.split_answer(noisy) == (doc, b"bye\n")
+    assert client.split_answer(b"no answer here") == (None, b"")
+    with pytest.raises(client.OnhostError):
+        client.split_answer(f"{_common.BEGIN}\n!!!\n{_common.END}\n".encode())
 
 
 @pytest.mark.parametrize(
@@ -194,7 +194,7 @@ def test_answers_that_are_not_understood(stdout: bytes | None, exit_code: int, m
         stdout = f"{_common.BEGIN}\n{_common.encode(bad)}\n{_common.END}\n".encode()
     res = Result("h", "cmd", exit_code, stdout, b"", 0.0)
     with pytest.raises(Exception, match=match):
-        runner.answer_of("h", "facts", res, "/py")
+        client.answer_of("h", "facts", res, "/py")
 
 
 def test_python_command_quotes_the_interpreter_for_any_shell() -> None:
@@ -218,11 +218,11 @@ def test_a_large_request_sent_to_many_hosts_is_compressed_once(
 
     monkeypatch.setattr(_common, "encode_json", counted)
     big = {"op": "apply", "files": [{"path": "a.py", "text_after": "x = 1\n" * 20_000}]}
-    first = [runner.encoded(dict(big)) for _ in range(5)]
+    first = [client.encoded(dict(big)) for _ in range(5)]
     assert len(calls) == 1 and len(set(first)) == 1
     assert _common.decode(first[0]) == big
     other = dict(big, op="revert")  # another request is encoded on its own
-    assert _common.decode(runner.encoded(other)) == other and len(calls) == 2
+    assert _common.decode(client.encoded(other)) == other and len(calls) == 2
     small = {"op": "fetch"}  # small ones are not kept
-    assert runner.encoded(small) == runner.encoded(small) and len(calls) == 4
-    assert runner.encoded(big) == first[0] and len(calls) == 4
+    assert client.encoded(small) == client.encoded(small) and len(calls) == 4
+    assert client.encoded(big) == first[0] and len(calls) == 4

@@ -1,4 +1,4 @@
-"""The on-host runtime imports only what a run uses (fleet/onhost/runner.py bundling,
+"""The on-host runtime imports only what a run uses (fleet/onhost/client.py bundling,
 fleet/onhost/_common.py): annotations are never evaluated (no typing), the standard
 modules a shipped module imports are stand-ins until first used, and JSON goes through
 the C accelerator without the json module (which imports re, enum, collections...).
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from onhost_harness import answer, run_bundle
 
-from fleet.onhost import _common, runner
+from fleet.onhost import _common, client
 from fleet.sandbox.vllm_source import vllm_tree
 
 # What a warm facts run imported before, and must not import now: each one costs its own
@@ -143,11 +143,11 @@ def test_a_warm_facts_run_imports_only_what_it_uses(tmp_path: Path) -> None:
 def _tiny_onhost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> None:
     onhost = tmp_path / "onhost"
     onhost.mkdir()
-    (onhost / "_common.py").write_text((runner.ONHOST_DIR / "_common.py").read_text())
+    (onhost / "_common.py").write_text((client.ONHOST_DIR / "_common.py").read_text())
     (onhost / "tiny.py").write_text(source)
-    monkeypatch.setattr(runner, "ONHOST_DIR", onhost)
+    monkeypatch.setattr(client, "ONHOST_DIR", onhost)
     monkeypatch.setenv("FLEET_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(runner, "_BUNDLES", {})
+    monkeypatch.setattr(client, "_BUNDLES", {})
 
 
 def test_a_typing_name_used_outside_an_annotation_is_refused_when_bundling(
@@ -162,7 +162,7 @@ def test_a_typing_name_used_outside_an_annotation_is_refused_when_bundling(
         "OPS = {'x': op}\n",
     )
     with pytest.raises(RuntimeError, match=r"tiny\.py:4: 'cast' from typing is used outside"):
-        runner.bundle("tiny")
+        client.bundle("tiny")
 
 
 def test_a_standard_module_is_imported_where_it_is_first_used(
@@ -178,7 +178,7 @@ def test_a_standard_module_is_imported_where_it_is_first_used(
         "            'after': 'colorsys' in sys.modules}\n\n"
         "OPS = {'x': op}\n",
     )
-    text = runner.bundle("tiny").text
+    text = client.bundle("tiny").text
     assert "colorsys = _FleetModule('colorsys')" in text and "\nimport colorsys" not in text
     doc = answer(run_bundle("tiny", {"op": "x"}, cwd=tmp_path))
     assert doc["result"] == {"before": False, "hsv": [0.0, 1.0, 1.0], "after": True}
@@ -222,4 +222,4 @@ def test_a_name_that_shadows_a_lazy_module_is_refused_when_bundling(
         "def signal(request):\n    return {}\n\nOPS = {'x': signal}\n",  # _common imports signal
     )
     with pytest.raises(RuntimeError, match=r"tiny\.py defines 'signal', the name of a standard"):
-        runner.bundle("tiny")
+        client.bundle("tiny")

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from fleet.cli.cmd_patch import _emit, _render
+from fleet.patching.apply import FileReport, HostReport
 from fleet.patching.engine import Candidate, Conflict
-from fleet.patching.service import FileReport, HostReport
 from fleet.transport import HostOutcome
 
 

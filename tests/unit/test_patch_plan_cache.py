@@ -1,4 +1,4 @@
-"""Plans kept across runs (fleet/patching/service.py): a second ``fleet patch`` on the same
+"""Plans kept across runs (fleet/patching/apply.py): a second ``fleet patch`` on the same
 files plans nothing, and any change of the files, the patch set or the version plans
 again."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.patching import remote, service
+from fleet.patching import apply, host_calls
 from fleet.patching.engine import sha256_text
 from fleet.patching.manifest import load_patch_set, patches_root
 from fleet.sandbox.vllm_source import vllm_file
@@ -17,26 +17,26 @@ from fleet.sandbox.vllm_source import vllm_file
 VERSION = "0.17.0"
 
 
-def _fetched(texts: dict[str, str | None]) -> remote.Fetched:
+def _fetched(texts: dict[str, str | None]) -> host_calls.Fetched:
     files = {
-        p: remote.RemoteFile(p, t is not None, t, sha256_text(t) if t is not None else None)
+        p: host_calls.RemoteFile(p, t is not None, t, sha256_text(t) if t is not None else None)
         for p, t in texts.items()
     }
-    return remote.Fetched(VERSION, "/pkg", "/py", "3.11", "/b", files)
+    return host_calls.Fetched(VERSION, "/pkg", "/py", "3.11", "/b", files)
 
 
 @pytest.fixture()
 def counted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[int]:
     monkeypatch.setenv("FLEET_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(service, "_PLAN_CACHE", {})
+    monkeypatch.setattr(apply, "_PLAN_CACHE", {})
     calls: list[int] = []
-    real = service.plan_host
+    real = apply.plan_host
 
     def plan(*args: object, **kwargs: object) -> object:
         calls.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(service, "plan_host", plan)
+    monkeypatch.setattr(apply, "plan_host", plan)
     return calls
 
 
@@ -51,16 +51,16 @@ def _texts(ps: object) -> dict[str, str | None]:
 def test_a_second_run_reads_the_plan(counted: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     ps = load_patch_set()
     texts = _texts(ps)
-    first = service.cached_plan(ps, _fetched(texts))
-    monkeypatch.setattr(service, "_PLAN_CACHE", {})  # a new process
-    second = service.cached_plan(ps, _fetched(texts))
+    first = apply.cached_plan(ps, _fetched(texts))
+    monkeypatch.setattr(apply, "_PLAN_CACHE", {})  # a new process
+    second = apply.cached_plan(ps, _fetched(texts))
     assert len(counted) == 1
     assert [f.new_text for f in second.files] == [f.new_text for f in first.files]
     # another file content: planned again
     path = next(p for p, t in texts.items() if t)
     changed = {**texts, path: texts[path] + "\n# local edit\n"}  # type: ignore[operator]
-    monkeypatch.setattr(service, "_PLAN_CACHE", {})
-    service.cached_plan(ps, _fetched(changed))
+    monkeypatch.setattr(apply, "_PLAN_CACHE", {})
+    apply.cached_plan(ps, _fetched(changed))
     assert len(counted) == 2
 
 
@@ -71,11 +71,11 @@ def test_a_changed_template_plans_again(
     shutil.copytree(patches_root(), root)
     ps = load_patch_set(root=root)
     texts = _texts(ps)
-    service.cached_plan(ps, _fetched(texts))
+    apply.cached_plan(ps, _fetched(texts))
     template = next((root / ps.name).glob("*.j2"))
     template.write_text(template.read_text() + "\n")
-    monkeypatch.setattr(service, "_PLAN_CACHE", {})
-    service.cached_plan(load_patch_set(root=root), _fetched(texts))
+    monkeypatch.setattr(apply, "_PLAN_CACHE", {})
+    apply.cached_plan(load_patch_set(root=root), _fetched(texts))
     assert len(counted) == 2
 
 
@@ -84,20 +84,21 @@ def test_a_plan_file_others_may_write_is_not_read(
 ) -> None:
     ps = load_patch_set()
     texts = _texts(ps)
-    service.cached_plan(ps, _fetched(texts))
+    apply.cached_plan(ps, _fetched(texts))
     (stored,) = (tmp_path / "cache" / "plans").glob("*.pickle")
     assert stored.stat().st_mode & 0o777 == 0o600
     stored.chmod(0o666)
-    monkeypatch.setattr(service, "_PLAN_CACHE", {})
-    service.cached_plan(ps, _fetched(texts))
+    monkeypatch.setattr(apply, "_PLAN_CACHE", {})
+    apply.cached_plan(ps, _fetched(texts))
     assert len(counted) == 2
 
 
-def _without_texts(fetched: remote.Fetched) -> remote.Fetched:
+def _without_texts(fetched: host_calls.Fetched) -> host_calls.Fetched:
     files = {
-        p: remote.RemoteFile(p, f.exists, None, f.sha256, f.error) for p, f in fetched.files.items()
+        p: host_calls.RemoteFile(p, f.exists, None, f.sha256, f.error)
+        for p, f in fetched.files.items()
     }
-    return remote.Fetched(VERSION, "/pkg", "/py", "3.11", "/b", files)
+    return host_calls.Fetched(VERSION, "/pkg", "/py", "3.11", "/b", files)
 
 
 def test_a_known_plan_is_found_by_the_files_sha256_alone(
@@ -105,18 +106,18 @@ def test_a_known_plan_is_found_by_the_files_sha256_alone(
 ) -> None:
     ps = load_patch_set()
     fetched = _fetched(_texts(ps))
-    assert service.known_plan(ps, _without_texts(fetched)) is None
-    made = service.cached_plan(ps, fetched)
-    same = service.known_plan(ps, _without_texts(fetched))
-    monkeypatch.setattr(service, "_PLAN_CACHE", {})  # a new process: from the stored plan
-    stored = service.known_plan(ps, _without_texts(fetched))
+    assert apply.known_plan(ps, _without_texts(fetched)) is None
+    made = apply.cached_plan(ps, fetched)
+    same = apply.known_plan(ps, _without_texts(fetched))
+    monkeypatch.setattr(apply, "_PLAN_CACHE", {})  # a new process: from the stored plan
+    stored = apply.known_plan(ps, _without_texts(fetched))
     assert same is not None and stored is not None
     assert [f.new_text for f in same.files] == [f.new_text for f in made.files]
     assert [f.new_text for f in stored.files] == [f.new_text for f in made.files]
     assert len(counted) == 1
     # each host gets its own copy: one host's report never changes another's plan
     same.files[0].status = "conflict"
-    again = service.known_plan(ps, _without_texts(fetched))
+    again = apply.known_plan(ps, _without_texts(fetched))
     assert again is not None and again.files[0].status == made.files[0].status
 
 
@@ -129,11 +130,11 @@ def test_a_text_that_its_sha256_does_not_name_is_planned_but_never_kept(
     path = next(p for p, t in texts.items() if t)
     lying = _fetched({**texts, path: texts[path] + "\n# not what the sha256 says\n"})  # type: ignore[operator]
     lying.files[path].sha256 = honest.files[path].sha256
-    service.cached_plan(ps, lying)
+    apply.cached_plan(ps, lying)
     # a later host reporting the same sha256 must not get the plan of the other text
-    assert service.known_plan(ps, _without_texts(honest)) is None
-    monkeypatch.setattr(service, "_PLAN_CACHE", {})
-    assert service.known_plan(ps, _without_texts(honest)) is None
-    plan = service.cached_plan(ps, honest)
+    assert apply.known_plan(ps, _without_texts(honest)) is None
+    monkeypatch.setattr(apply, "_PLAN_CACHE", {})
+    assert apply.known_plan(ps, _without_texts(honest)) is None
+    plan = apply.cached_plan(ps, honest)
     assert len(counted) == 2
-    assert plan.files == service.cached_plan(ps, honest).files
+    assert plan.files == apply.cached_plan(ps, honest).files

@@ -1,4 +1,4 @@
-"""The remote patch script, run as a real process (no SSH) on a copy of real vLLM files.
+"""The host_calls patch script, run as a real process (no SSH) on a copy of real vLLM files.
 
 A "host" here is a directory: ``site/`` holding the vLLM package files the patch set
 touches plus the real ``.dist-info``, and ``home/`` for fleet's backups. The script is
@@ -21,10 +21,10 @@ import pytest
 
 from fleet.errors import OperationFailed
 from fleet.inventory import HostSpec
-from fleet.patching import remote
+from fleet.patching import apply, host_calls
+from fleet.patching.apply import HostReport, apply_host, revert_host, write_failed
 from fleet.patching.engine import plan_host
 from fleet.patching.manifest import PatchSet, load_patch_set
-from fleet.patching.service import HostReport, apply_host, revert_host, write_failed
 from fleet.sandbox.vllm_source import vllm_tree
 from fleet.transport import LocalRunner
 from tests.faults import clear_fault, set_fault
@@ -96,7 +96,7 @@ def test_fetch_locates_vllm_without_importing_it(
     host: tuple[LocalRunner, Path], patch_set: PatchSet
 ) -> None:
     conn, pkg = host
-    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    fetched = host_calls.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
     assert fetched.vllm_version == "0.15.0"
     assert fetched.package_dir == str(pkg.resolve())
     assert all(f.exists for f in fetched.files.values())
@@ -109,22 +109,21 @@ def test_fetch_locates_vllm_without_importing_it(
 def test_texts_stay_on_the_host_when_their_plan_is_known(
     host: tuple[LocalRunner, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fleet.patching import service
 
     conn, pkg = host
-    monkeypatch.setattr(service, "_PLAN_CACHE", {})
+    monkeypatch.setattr(apply, "_PLAN_CACHE", {})
     monkeypatch.setenv("FLEET_CACHE", str(pkg.parent.parent / "cache"))
     asked: list[tuple[bool, int]] = []  # (texts asked for, texts received) per fetch
-    real = remote.fetch
+    real = host_calls.fetch
 
-    def fetch(*args: Any, **kwargs: Any) -> remote.Fetched:
+    def fetch(*args: Any, **kwargs: Any) -> host_calls.Fetched:
         got = real(*args, **kwargs)
         asked.append(
             (kwargs.get("texts", True), sum(f.text is not None for f in got.files.values()))
         )
         return got
 
-    monkeypatch.setattr(remote, "fetch", fetch)
+    monkeypatch.setattr(host_calls, "fetch", fetch)
     first = apply_host(conn, patch_set, check=True)
     second = apply_host(conn, patch_set, check=True)
     present = sum(1 for s in patch_set.manifest.files if (pkg / s.path).exists())
@@ -207,13 +206,13 @@ def test_file_changed_between_read_and_write_is_a_conflict(
     host: tuple[LocalRunner, Path], patch_set: PatchSet
 ) -> None:
     conn, pkg = host
-    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    fetched = host_calls.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
     plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
     items = plan.write_items()
     touched = pkg / "config" / "speculative.py"
     touched.write_text(touched.read_text() + "\n# edited by hand meanwhile\n")
     before = shas(pkg, patch_set)
-    result = remote.apply(conn, fetched, patch_set.name, items)
+    result = host_calls.apply(conn, fetched, patch_set.name, items)
     assert result.ok is False and result.written == []
     assert [c["path"] for c in result.conflicts] == ["config/speculative.py"]
     assert shas(pkg, patch_set) == before  # all or none: nothing written
@@ -322,7 +321,7 @@ def test_the_script_runs_on_python_3_8(tmp_path: Path, patch_set: PatchSet) -> N
     pkg = make_host(tmp_path, "0.11.0", patch_set)
     conn = LocalConn(tmp_path, python=str(PY38))
     original = shas(pkg, patch_set)
-    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    fetched = host_calls.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
     assert fetched.python_version.startswith("3.8.")
     assert fetched.files["model_executor/models/kimi_k25.py"].exists is False
     report = apply_host(conn, patch_set)
@@ -386,11 +385,11 @@ def test_the_answer_of_a_failed_write_says_what_was_restored(
     host: tuple[LocalRunner, Path], patch_set: PatchSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn, _pkg = host
-    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    fetched = host_calls.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
     plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
     items = plan.write_items()
     set_fault(monkeypatch, "after-first-rename:raise")
-    result = remote.apply(conn, fetched, patch_set.name, items)
+    result = host_calls.apply(conn, fetched, patch_set.name, items)
     assert result.ok is False and result.written == []
     assert result.write_error.startswith("OSError: [Errno 28]")
     assert result.restored is True and result.restore_errors == []
@@ -431,7 +430,7 @@ def test_a_file_that_cannot_be_restored_stays_listed_for_revert(
     message = str(
         write_failed(
             "h1",
-            remote.ApplyAnswer(
+            host_calls.ApplyAnswer(
                 ok=False, write_error="OSError: boom", restore_errors=failed, backup_dir="/b"
             ),
         )
@@ -467,13 +466,13 @@ def test_the_hosts_environment_cannot_inject_a_fault(
     report = apply_host(conn, patch_set)
     assert report.ok, report.message
     # nor can a request: a "fault" in it is ignored
-    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
-    answer = remote._ask(
+    fetched = host_calls.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    answer = host_calls._ask(
         conn,
         {"op": "revert", "patch_set": patch_set.name, "force": False, "check": False,
-         "backup_root": remote.BACKUP_ROOT, "package_dir": fetched.package_dir,
+         "backup_root": host_calls.BACKUP_ROOT, "package_dir": fetched.package_dir,
          "version": fetched.vllm_version, "fault": "after-lock"},
-        remote.RevertAnswer,
+        host_calls.RevertAnswer,
         timeout=60,
     )  # fmt: skip
     assert answer.ok, answer
@@ -531,7 +530,7 @@ def test_a_home_relative_python_runs(tmp_path: Path, patch_set: PatchSet) -> Non
     env_bin.mkdir(parents=True)
     (env_bin / "python").symlink_to(sys.executable)
     conn = LocalConn(tmp_path, python="~/my env/bin/python")
-    fetched = remote.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
+    fetched = host_calls.fetch(conn, patch_set.name, [s.path for s in patch_set.manifest.files])
     assert fetched.package_dir == str(pkg.resolve())
     assert apply_host(conn, patch_set).ok
 

@@ -107,7 +107,7 @@ def test_each_problem_is_its_diagnosis(path: str, value: Any, expected: str) -> 
 def test_the_observations_of_a_real_017_tree_predict_the_eagle3_crash(tmp_path: Path) -> None:
     """The on-host preflight reads the installed source: an unpatched 0.17.0 is refused."""
     from fleet.sandbox.vllm_source import vllm_tree
-    from fleet.serving import remote
+    from fleet.serving import host_calls
     from fleet.transport import LocalRunner
 
     target, drafter = tmp_path / "Kimi-K2.5", tmp_path / "Kimi-K25-eagle3"
@@ -125,7 +125,7 @@ def test_the_observations_of_a_real_017_tree_predict_the_eagle3_crash(tmp_path: 
         HostSpec(name="h1", python=sys.executable, vars={"models_dir": str(tmp_path)}), env=env
     )
     profile = for_host("kimi-eagle3", conn.host).model_copy(update={"port": 0})
-    observed = remote.preflight(conn, profile)
+    observed = host_calls.preflight(conn, profile)
     found = [d.id for d in judge(profile, observed.model_dump(), host="h1").diagnoses]
     assert "eagle3-target-not-allowlisted" in found and "eagle3-unsupported-model" in found
     assert "no-gpu-visible" in found  # this machine has no nvidia-smi

@@ -272,7 +272,7 @@ def test_runs_on_python_38(tree: Path, tmp_path: Path) -> None:
 def test_the_executable_runs_from_an_interpreter_path_with_spaces(tmp_path: Path) -> None:
     """A sandbox directory may hold spaces (and pytest's tmp paths get long): the first
     line is then pip's /bin/sh trampoline instead of a shebang the kernel cannot read."""
-    from fleet.onhost.runner import SHEBANG_MAX, executable
+    from fleet.onhost.client import SHEBANG_MAX, executable
 
     spaced = tmp_path / "a dir with spaces" / "python"
     spaced.parent.mkdir()

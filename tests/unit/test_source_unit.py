@@ -18,7 +18,7 @@ import pytest
 from fleet.errors import OperationFailed, UsageError
 from fleet.inventory import HostSpec
 from fleet.source import (
-    FileSpec,
+    FileRange,
     GrepResult,
     PathEscapesTree,
     check_regex,
@@ -77,16 +77,16 @@ def no_markers(where: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("a.py", FileSpec("a.py", 1, None)),
-        ("a.py:5", FileSpec("a.py", 5, 5)),
-        ("a.py:5-9", FileSpec("a.py", 5, 9)),
-        ("a.py:5-", FileSpec("a.py", 5, None)),
-        ("dir/a:b.py", FileSpec("dir/a:b.py", 1, None)),
-        ("dir/a:b.py:3-4", FileSpec("dir/a:b.py", 3, 4)),
-        ("./a.py:1-1", FileSpec("./a.py", 1, 1)),
+        ("a.py", FileRange("a.py", 1, None)),
+        ("a.py:5", FileRange("a.py", 5, 5)),
+        ("a.py:5-9", FileRange("a.py", 5, 9)),
+        ("a.py:5-", FileRange("a.py", 5, None)),
+        ("dir/a:b.py", FileRange("dir/a:b.py", 1, None)),
+        ("dir/a:b.py:3-4", FileRange("dir/a:b.py", 3, 4)),
+        ("./a.py:1-1", FileRange("./a.py", 1, 1)),
     ],
 )
-def test_file_spec(text: str, expected: FileSpec) -> None:
+def test_file_spec(text: str, expected: FileRange) -> None:
     assert parse_file_spec(text) == expected
 
 
@@ -302,7 +302,7 @@ def test_parse_grep_output() -> None:
 
 
 def test_parse_show_output() -> None:
-    spec = FileSpec("a.py", 7, 8)
+    spec = FileRange("a.py", 7, 8)
     answer = {"vllm_dir": "/v", "file": "/v/a.py", "total_lines": 42}
     shown = parse_show_output(answer, b"seven\n\n", spec)
     assert (shown.total_lines, shown.lines) == (42, [(7, "seven"), (8, "")])

@@ -13,7 +13,7 @@ import pytest
 
 from fleet.inventory import HostSpec
 from fleet.transport import connection
-from fleet.transport.connection import ConnectOptions, DirectConnection, fabric_connection
+from fleet.transport.connection import ConnectOptions, DirectConnection, configured_connection
 
 
 def _spec(tmp_path: Path, **extra: object) -> HostSpec:
@@ -32,14 +32,14 @@ def _options(tmp_path: Path, text: str) -> ConnectOptions:
 
 def test_a_host_ssh_config_leaves_alone_gets_paramiko_alone(tmp_path: Path) -> None:
     opts = _options(tmp_path, "Host other\n  IdentityFile /nope\nHost h*\n  SendEnv LANG\n")
-    conn = fabric_connection(_spec(tmp_path, address="h1", user="bob", port=2200), opts)
+    conn = configured_connection(_spec(tmp_path, address="h1", user="bob", port=2200), opts)
     assert isinstance(conn, DirectConnection)
     assert (conn.host, conn.port, conn.user) == ("h1", 2200, "bob")
 
 
 def test_ssh_config_hostname_user_and_port_are_honoured(tmp_path: Path) -> None:
     opts = _options(tmp_path, "Host alias\n  HostName 10.1.2.3\n  User carol\n  Port 2022\n")
-    conn = fabric_connection(_spec(tmp_path, address="alias"), opts)
+    conn = configured_connection(_spec(tmp_path, address="alias"), opts)
     assert isinstance(conn, DirectConnection)
     assert (conn.host, conn.port, conn.user) == ("10.1.2.3", 2022, "carol")
 
@@ -50,7 +50,7 @@ def test_ssh_config_hostname_user_and_port_are_honoured(tmp_path: Path) -> None:
 )
 def test_what_only_fabric_handles_goes_to_fabric(tmp_path: Path, line: str) -> None:
     opts = _options(tmp_path, f"Host alias\n  {line}\n")
-    conn = fabric_connection(_spec(tmp_path, address="alias"), opts)
+    conn = configured_connection(_spec(tmp_path, address="alias"), opts)
     assert not isinstance(conn, DirectConnection)
     assert type(conn).__module__.startswith("fabric")
 
@@ -66,15 +66,15 @@ def test_the_key_is_read_once_and_used_as_pkey(tmp_path: Path) -> None:
     key = tmp_path / "id_ed25519"
     generate_keypair(key, "test")
     opts = _options(tmp_path, "")
-    first = fabric_connection(_spec(tmp_path, ssh_key=str(key)), opts)
-    second = fabric_connection(_spec(tmp_path, name="h2", ssh_key=str(key)), opts)
+    first = configured_connection(_spec(tmp_path, ssh_key=str(key)), opts)
+    second = configured_connection(_spec(tmp_path, name="h2", ssh_key=str(key)), opts)
     assert isinstance(first, DirectConnection) and isinstance(second, DirectConnection)
     assert "key_filename" not in first.connect_kwargs
     assert first.connect_kwargs["pkey"] is second.connect_kwargs["pkey"]
     assert first.connect_kwargs["look_for_keys"] is False
     # a key beside a certificate is left to paramiko, which also loads the certificate
     (tmp_path / "id_ed25519-cert.pub").write_text("x")
-    third = fabric_connection(_spec(tmp_path, name="h3", ssh_key=str(key)), opts)
+    third = configured_connection(_spec(tmp_path, name="h3", ssh_key=str(key)), opts)
     assert isinstance(third, DirectConnection)
     assert third.connect_kwargs["key_filename"] == [str(key)]
 

@@ -21,6 +21,7 @@ follow (``tail -F``) ends as soon as fleet closes the connection.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from fleet.inventory import HostSpec
     from fleet.transport import Runner
     from fleet.transport.session import Session
+
+log = logging.getLogger(__name__)
 
 WINDOW = 3
 HEAD_LINES = 100_000  # at most this many output lines from the start of the grep output...
@@ -380,6 +383,12 @@ def diagnose_remote(
         )
     if cut_hard:
         out.notes.append("the candidate lines were cut at the output cap; the end may be missing")
+    log.info(
+        "%s: %s: %d candidate lines of a %s-byte log, %d bytes moved (%.3f%%), %d dropped, "
+        "%d diagnoses", host, path, len(pairs), header.size, res.bytes_received,
+        100.0 * res.bytes_received / header.size if header.size else 0.0, header.dropped,
+        len(diagnoses),
+    )  # fmt: skip
     return out
 
 

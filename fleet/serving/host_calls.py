@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleet.onhost.runner import run_onhost
+from fleet.onhost.client import run_onhost
 from fleet.serving import supervisor, units
 from fleet.serving.observed import PreflightAnswer
 from fleet.serving.profile import Profile

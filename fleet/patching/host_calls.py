@@ -1,8 +1,8 @@
 """The remote side of ``fleet patch``: one on-host call per operation, one round trip each;
-given a :class:`~fleet.onhost.runner.Conversation`, the calls of one host share one
+given a :class:`~fleet.onhost.client.Conversation`, the calls of one host share one
 on-host process (fetch, then write).
 
-The on-host script is ``fleet/onhost/patch.py`` (run by :func:`fleet.onhost.runner.run_onhost`
+The on-host script is ``fleet/onhost/patch.py`` (run by :func:`fleet.onhost.client.run_onhost`
 with the host's own interpreter); see it for the write protocol (sha256 guard, every new
 text compiled by the host's Python first, backups and manifest, temp + fsync + rename,
 restore on failure). The answers are validated here with pydantic models.
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleet.onhost.runner import Conversation, M, run_onhost
+from fleet.onhost.client import Conversation, M, run_onhost
 
 if TYPE_CHECKING:
     from fleet.transport import Runner

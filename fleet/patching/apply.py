@@ -8,18 +8,19 @@ Transport faults raise (``ConnectError`` -> unreachable, ``OperationFailed`` -> 
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleet.errors import OperationFailed
-from fleet.onhost.runner import Conversation
-from fleet.patching import remote
+from fleet.onhost.client import Conversation
+from fleet.patching import host_calls
 from fleet.patching.engine import (
     Conflict,
     FilePlan,
     HostPlan,
-    Status,
+    PatchStatus,
     plan_host,
     sha256_text,
     unified_diff,
@@ -30,10 +31,12 @@ from fleet.transport.outcome import Verdict
 if TYPE_CHECKING:
     from fleet.transport import Runner
 
+log = logging.getLogger(__name__)
+
 Mode = Literal["apply", "check", "revert", "revert-check"]
 
 # Worst first: the status that sums up a host is the first of these that any file has.
-HOST_STATUS_ORDER: tuple[Status, ...] = (
+HOST_STATUS_ORDER: tuple[PatchStatus, ...] = (
     "conflict",
     "would-apply",
     "would-revert",
@@ -47,7 +50,7 @@ HOST_STATUS_ORDER: tuple[Status, ...] = (
 @dataclass
 class FileReport:
     path: str
-    status: Status
+    status: PatchStatus
     sha256_before: str | None
     sha256_after: str | None
     note: str | None = None
@@ -91,7 +94,7 @@ class HostReport:
         return any(f.status in ("applied", "reverted") for f in self.files)
 
     @property
-    def status(self) -> Status:
+    def status(self) -> PatchStatus:
         """One word for the host: its worst file status (``not-needed`` when every file
         is)."""
         seen = {f.status for f in self.files}
@@ -128,7 +131,7 @@ _PLAN_GUARD = threading.Lock()
 
 
 def _plan_cache_key(
-    patch_set: PatchSet, fetched: remote.Fetched
+    patch_set: PatchSet, fetched: host_calls.Fetched
 ) -> tuple[str, str, str, tuple[tuple[str, str | None], ...]]:
     return (
         str(patch_set.directory),
@@ -143,7 +146,7 @@ def _plan_lock(key: tuple[Any, ...]) -> threading.Lock:
         return _PLAN_LOCKS.setdefault(key, threading.Lock())
 
 
-def _faithful(fetched: remote.Fetched) -> bool:
+def _faithful(fetched: host_calls.Fetched) -> bool:
     """Every text is the one its sha256 names: only such a plan may be kept, since a later
     host that reports the same sha256 is planned by it without sending its text."""
     return all(
@@ -164,16 +167,19 @@ def _kept(patch_set: PatchSet, key: tuple[Any, ...]) -> HostPlan | None:
     return plan
 
 
-def known_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan | None:
+def known_plan(patch_set: PatchSet, fetched: host_calls.Fetched) -> HostPlan | None:
     """The plan of these files (by their sha256 alone: ``fetched`` may have no texts) if
     this run or an earlier one made it, else None."""
     key = _plan_cache_key(patch_set, fetched)
     with _plan_lock(key):
         plan = _kept(patch_set, key)
+    log.debug("%s on vLLM %s: %s", patch_set.name, fetched.vllm_version,
+              "plan of these files kept: their texts are not fetched" if plan is not None
+              else "no plan of these files yet: fetching their texts")  # fmt: skip
     return plan.copy() if plan is not None else None
 
 
-def cached_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan:
+def cached_plan(patch_set: PatchSet, fetched: host_calls.Fetched) -> HostPlan:
     """``plan_host`` once per distinct (patch set, vLLM version, file contents) in this
     process: a fleet of identical hosts is planned once, not once per host. ``fetched``
     has the texts; a plan of texts that do not match their sha256 is not kept."""
@@ -182,7 +188,11 @@ def cached_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan:
         plan = _kept(patch_set, key)
         if plan is None:
             plan = plan_host(patch_set, fetched.vllm_version, fetched.texts())
+            log.debug("%s on vLLM %s: planned %d files", patch_set.name, fetched.vllm_version,
+                      len(plan.files))  # fmt: skip
             if not _faithful(fetched):
+                log.info("%s: a fetched text does not match its sha256: plan not kept",
+                         patch_set.name)  # fmt: skip
                 return plan
             _store_plan(patch_set, key, plan)
             _PLAN_CACHE[key] = plan
@@ -194,7 +204,7 @@ def cached_plan(patch_set: PatchSet, fetched: remote.Fetched) -> HostPlan:
 # patch set's files (manifest and templates), the engine's own source, the vLLM version
 # and the sha256 of every fetched file. Written by rename; read only when ours and 0600.
 PLAN_CACHE_FORMAT = 1
-_ENGINE_MODULES = ("engine.py", "manifest.py", "versions.py", "service.py")
+_ENGINE_MODULES = ("engine.py", "manifest.py", "versions.py", "apply.py")
 
 
 def _plan_key(patch_set: PatchSet, key: tuple[Any, ...]) -> str | None:
@@ -271,7 +281,7 @@ def _from_plan(f: FilePlan, with_diff: bool) -> FileReport:
     )
 
 
-def _undecodable(fetched: remote.Fetched, plan: HostPlan) -> None:
+def _undecodable(fetched: host_calls.Fetched, plan: HostPlan) -> None:
     for f in plan.files:
         remote_file = fetched.files.get(f.path)
         if remote_file is not None and remote_file.error:
@@ -285,11 +295,11 @@ def apply_host(
     *,
     check: bool = False,
     with_diff: bool = False,
-    backup_root: str = remote.BACKUP_ROOT,
+    backup_root: str = host_calls.BACKUP_ROOT,
 ) -> HostReport:
     """Plan the patch set on the host's real files and, unless ``check``, write it: one
     on-host process reads the files, waits while they are planned here, then writes."""
-    with Conversation(conn, remote.SCRIPT) as talk:
+    with Conversation(conn, host_calls.SCRIPT) as talk:
         return _apply_host(talk, patch_set, check, with_diff, backup_root)
 
 
@@ -300,10 +310,10 @@ def _apply_host(
     paths = [f.path for f in patch_set.manifest.files]
     # the files' sha256 first: when they name a plan already made (another host of this
     # run, or an earlier run), the texts need not cross the network; else ask for them
-    fetched = remote.fetch(talk, patch_set.name, paths, backup_root=backup_root, texts=False)
+    fetched = host_calls.fetch(talk, patch_set.name, paths, backup_root=backup_root, texts=False)
     plan = known_plan(patch_set, fetched)
     if plan is None:
-        fetched = remote.fetch(talk, patch_set.name, paths, backup_root=backup_root)
+        fetched = host_calls.fetch(talk, patch_set.name, paths, backup_root=backup_root)
         plan = cached_plan(patch_set, fetched)
     _undecodable(fetched, plan)
     # the sha256 the host reported must be the text the engine saw
@@ -331,7 +341,7 @@ def _apply_host(
         return report
 
     items = plan.write_items()
-    result = remote.apply(talk, fetched, patch_set.name, items, backup_root=backup_root)
+    result = host_calls.apply(talk, fetched, patch_set.name, items, backup_root=backup_root)
     if result.write_error:
         raise write_failed(conn.host.name, result)
     by_path = {r.path: r for r in report.files}
@@ -367,7 +377,7 @@ def _apply_host(
     return report
 
 
-def write_failed(host: str, result: remote.ApplyAnswer) -> OperationFailed:
+def write_failed(host: str, result: host_calls.ApplyAnswer) -> OperationFailed:
     """The one-line failure of an apply the host had to undo (or could not fully undo)."""
     why = result.write_error or "; ".join(
         f"{e['path']}: the host's Python cannot compile it: {e['error']}"
@@ -396,16 +406,16 @@ def revert_host(
     force: bool = False,
     check: bool = False,
     with_diff: bool = False,
-    backup_root: str = remote.BACKUP_ROOT,
+    backup_root: str = host_calls.BACKUP_ROOT,
 ) -> HostReport:
     """Restore the byte-identical originals kept on the host by an earlier apply (one
     on-host process reads, then restores)."""
     paths = [f.path for f in patch_set.manifest.files]
-    with Conversation(conn, remote.SCRIPT) as talk:
-        fetched = remote.fetch(
+    with Conversation(conn, host_calls.SCRIPT) as talk:
+        fetched = host_calls.fetch(
             talk, patch_set.name, paths, with_backups=with_diff, backup_root=backup_root
         )
-        result = remote.revert(
+        result = host_calls.revert(
             talk,
             fetched,
             patch_set.name,
@@ -423,7 +433,7 @@ def revert_host(
             note = result.note or "not patched by fleet on this host"
             files.append(FileReport(path, "not-needed", current, current, note=note))
             continue
-        status: Status = entry["status"]
+        status: PatchStatus = entry["status"]
         after = entry["sha256_before"] if status in ("reverted", "would-revert") else current
         report_file = FileReport(path, status, current, after, note=entry.get("reason"))
         if status == "conflict":

@@ -23,6 +23,7 @@ to: its log followed from the start, the same pid, no second launch.
 
 from __future__ import annotations
 
+import logging
 import secrets as _secrets
 import time
 from collections.abc import Callable
@@ -32,9 +33,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from fleet.diagnosis.factory import diagnosis
 from fleet.diagnosis.models import Diagnosis
 from fleet.errors import ConnectError
-from fleet.onhost.runner import Refusal
+from fleet.onhost.client import HostRefusal
+from fleet.serving import host_calls, readiness
 from fleet.serving import preflight as pre
-from fleet.serving import readiness, remote
 from fleet.serving.observed import PreflightAnswer, ServerSeen
 from fleet.serving.profile import Profile, ProfileError, for_host, read_secrets
 from fleet.serving.supervisor import choose
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from fleet.inventory import HostSpec
     from fleet.patching.manifest import PatchSet
     from fleet.transport import Runner, Session
+
+log = logging.getLogger(__name__)
 
 Outcome = Literal["ready", "crashed", "stalled", "timeout", "refused", "launched"]
 Events = Callable[[dict[str, Any]], None]
@@ -186,6 +189,7 @@ class _Serve:
     budget: float
 
     def step(self, name: str) -> None:
+        log.info("%s: serve %s: %s", self.host.name, self.profile.name, name)
         self.emit("step", step=name)
 
     # -- preflight and launch ---------------------------------------------------------------
@@ -195,7 +199,7 @@ class _Serve:
         wait_until = time.monotonic() + 120.0
         while True:
             self.step("preflight")
-            observed = self.link.call("preflight", lambda c: remote.preflight(c, self.profile))
+            observed = self.link.call("preflight", lambda c: host_calls.preflight(c, self.profile))
             if not observed.server.lock_held or time.monotonic() > wait_until:
                 return observed
             time.sleep(LOCK_POLL_S)
@@ -266,7 +270,7 @@ class _Serve:
         try:
             launch = self.link.call(
                 "launch",
-                lambda c: remote.launch(
+                lambda c: host_calls.launch(
                     c,
                     profile,
                     home=observed.home,
@@ -276,7 +280,7 @@ class _Serve:
                     launch_id=launch_id,
                 ),
             )
-        except Refusal as exc:
+        except HostRefusal as exc:
             if exc.code not in ("host-busy", "already-running"):
                 raise
             result.code = exc.code
@@ -296,7 +300,7 @@ class _Serve:
             return
         self.follow_and_check(launch, secrets, version=report.vllm_version)
 
-    def attach(self, launch: remote.LaunchAnswer, observed: PreflightAnswer) -> None:
+    def attach(self, launch: host_calls.LaunchAnswer, observed: PreflightAnswer) -> None:
         """Follow a server of this profile that is already loading (no second launch)."""
         result = self.result
         result.attached = True
@@ -321,14 +325,14 @@ class _Serve:
 
     def patch_check(self, patch_set: PatchSet) -> list[Diagnosis]:
         """``requires_patch``: the patch set must be applied (or not needed) on the host."""
-        from fleet.patching.service import apply_host
+        from fleet.patching.apply import apply_host
 
         report = self.link.call("patch-check", lambda c: apply_host(c, patch_set, check=True))
         return pre.judge_patch(report, host=self.host.name)
 
     # -- follow, readiness, diagnosis -------------------------------------------------------
     def follow_and_check(
-        self, launch: remote.LaunchAnswer, secrets: dict[str, str], *, version: str | None
+        self, launch: host_calls.LaunchAnswer, secrets: dict[str, str], *, version: str | None
     ) -> None:
         result, profile = self.result, self.profile
         self.step("follow")
@@ -360,7 +364,7 @@ class _Serve:
         )
         result.message = "ready"
 
-    def follow(self, launch: remote.LaunchAnswer, *, version: str | None) -> None:
+    def follow(self, launch: host_calls.LaunchAnswer, *, version: str | None) -> None:
         """Stream the log through the tracker and the engine until ready, a crash, a stall
         or the budget; the outcome and phase go into the result."""
         from fleet.diagnosis.engine import Engine
@@ -454,7 +458,7 @@ class _Serve:
             result.message = f"not ready within {budget:.0f}s (phase {tracker.phase})"
             self.emit("timeout", phase=tracker.phase)
 
-    def crashed(self, launch: remote.LaunchAnswer, phase: str, fatal: Diagnosis | None) -> None:
+    def crashed(self, launch: host_calls.LaunchAnswer, phase: str, fatal: Diagnosis | None) -> None:
         """The process exited or printed a fatal line: what the log and the supervisor
         say, the cause first."""
         result = self.result
@@ -484,9 +488,9 @@ class _Serve:
         result.message = f"crashed in {phase}: {first.id}: {first.summary}"
         self.emit("crash", phase=phase, diagnoses=[d.id for d in found])
 
-    def program_after(self, launch: remote.LaunchAnswer) -> remote.ProgramState | None:
+    def program_after(self, launch: host_calls.LaunchAnswer) -> host_calls.ProgramState | None:
         try:
-            answer = self.link.call("status", lambda c: remote.status(c, [launch.name]))
+            answer = self.link.call("status", lambda c: host_calls.status(c, [launch.name]))
         except Exception:  # the crash is reported even if the supervisor cannot be asked
             return None
         entry = answer.profiles.get(launch.name)
@@ -494,7 +498,7 @@ class _Serve:
 
     def diagnose_log(self, log: str) -> list[Diagnosis]:
         """The whole log, filtered on the host (the same engine as fleet logs --diagnose)."""
-        from fleet.diagnosis.remote import diagnose_remote
+        from fleet.diagnosis.host_logs import diagnose_remote
 
         def run(conn: Runner) -> list[Diagnosis]:
             return diagnose_remote(conn, log).diagnoses
@@ -508,7 +512,7 @@ class _Serve:
             return []
 
 
-def _launch_record(server: ServerSeen) -> remote.LaunchAnswer | None:
+def _launch_record(server: ServerSeen) -> host_calls.LaunchAnswer | None:
     """The launch record (state.json) of the server running now, with its current pid."""
     from pydantic import ValidationError
 
@@ -517,6 +521,6 @@ def _launch_record(server: ServerSeen) -> remote.LaunchAnswer | None:
         record["pid"] = server.program.pid
     record.setdefault("state", server.program.state or "UNKNOWN")
     try:
-        return remote.LaunchAnswer.model_validate(record)
+        return host_calls.LaunchAnswer.model_validate(record)
     except ValidationError:
         return None
