@@ -47,7 +47,7 @@ class Score:
 
     def line(self) -> str:
         return (
-            f"{self.name:10s} {self.right:4d}/{self.total:<4d} top-1 {self.top1:6.1%}  "
+            f"{self.name:14s} {self.right:4d}/{self.total:<4d} top-1 {self.top1:6.1%}  "
             f"false clean {len(self.false_clean)}  false alarm {len(self.false_alarm)}"
         )
 
