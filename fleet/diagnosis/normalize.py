@@ -238,10 +238,11 @@ SHAPES: tuple[HeaderShape, ...] = (
     ),
     HeaderShape(
         # a launcher's stream tag in front of a process tag, a level or a frame
-        # ("[container] (EngineCore pid=695)   File ...") -- never fleet's own marker
+        # ("[container] (EngineCore pid=695)   File ...") -- never fleet's own marker, never
+        # a level ("[Error] (Process) ..." is bracketed-level's)
         "launcher-tag",
         "outer",
-        r"\[(?!fleet\])[A-Za-z][\w.\-]{0,40}\] "
+        r"\[(?!fleet\]|(?i:debug|info|warn|warning|error|critical|fatal)\])[A-Za-z][\w.\-]{0,40}\] "
         r"(?=\(|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|\s*File \")",
         (
             (
