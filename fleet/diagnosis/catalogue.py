@@ -39,6 +39,8 @@ class CompiledPattern:
     info: bool
     confidence: str = "high"
     runs: tuple[str, ...] = ()  # literal runs (>= RUN_MIN chars) for template matching
+    regex_i: re.Pattern[str] | None = None  # case-insensitive, for lines retyped in lower case
+    literals_lower: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class CompiledCatalogue:
     rules: dict[str, Rule] = field(default_factory=dict)
     frames: tuple[CompiledFrame, ...] = ()
     fatal_markers: tuple[re.Pattern[str], ...] = ()
+    gates_lower: tuple[str, ...] = ()
+    exception_line_i: re.Pattern[str] | None = None
 
     def prefilter_ere(self) -> list[str]:
         """One POSIX ERE per literal (for ``grep -E -f -``): the remote prefilter."""
@@ -79,6 +83,10 @@ class CompiledCatalogue:
     def is_candidate(self, text: str) -> bool:
         """The cheap gate: can any rule (or an exception line) match this text?"""
         return any(g in text for g in self.gates)
+
+    def is_lower_candidate(self, text: str) -> bool:
+        """The gate for a line retyped in lower case (matched case-insensitively)."""
+        return any(g in text for g in self.gates_lower)
 
     def is_info_candidate(self, text: str) -> bool:
         """The gate for vLLM INFO/DEBUG lines (only ``info: true`` patterns apply)."""
@@ -253,6 +261,8 @@ def compile_catalogue(cat: Catalogue) -> CompiledCatalogue:
                     info=spec.info,
                     confidence=spec.confidence or _ROLE_CONFIDENCE[spec.role or rule.role],
                     runs=_message_runs(spec.regex),
+                    regex_i=re.compile(spec.regex, re.IGNORECASE),
+                    literals_lower=tuple(lit.lower() for lit in lits),
                 )
             )
     literals.update(_literals_for(cat.exception_line, "exception_line", gates))
@@ -308,6 +318,8 @@ def compile_catalogue(cat: Catalogue) -> CompiledCatalogue:
         rules={r.id: r for r in cat.rules},
         frames=tuple(frames),
         fatal_markers=tuple(markers),
+        gates_lower=tuple(sorted({g.lower() for g in gates})),
+        exception_line_i=re.compile(cat.exception_line, re.IGNORECASE),
     )
 
 

@@ -22,7 +22,7 @@ import math
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 
 from fleet.diagnosis.catalogue import (
@@ -42,6 +42,7 @@ from fleet.diagnosis.normalize import (
     Normalized,
     fold_width,
     looks_like_record_start,
+    newest_first,
     normalize,
     visible,
 )
@@ -82,8 +83,26 @@ OWN_LEVEL_SHAPES = frozenset(
         "ray-cpp",
         "glog",
         "glog-torch-c10",
+        "nccl-debug",
     }
 )
+_LETTERS = re.compile(r"[a-z]{3}")
+
+
+def _maybe_lower(raw: str) -> bool:
+    """Could ``raw`` be a line retyped in lower case (no capital letter at all)?"""
+    return raw == raw.lower() and _LETTERS.search(raw) is not None
+
+
+def _retyped_lower(text: str) -> bool:
+    """A message a poster retyped in lower case ("valueerror: no available memory for
+    the cache blocks"): matched case-insensitively. Lines with any capital are exact."""
+    return len(text) >= 12 and text == text.lower() and _LETTERS.search(text) is not None
+
+
+# A warning that relays an exception (``Failed to import from vllm._C with ImportError(...)``)
+# is not "merely error words": it reports the failure itself.
+_CARRIES_EXCEPTION = re.compile(r"\b[A-Z]\w*(?:Error|Exception)(?:\(|: )")
 _EXC_PARTS = re.compile(r"(?:[A-Za-z_]\w*\.)*(?P<type>[A-Za-z_]\w*): ?(?P<msg>.*)")
 MAX_TRACES = 200  # truncated tracebacks remembered
 FRAME_DEPTH = 12  # frames of a truncated traceback (deepest first) tried against frame rules
@@ -223,6 +242,8 @@ class _Match:
     open_after: int = 0
     weak: bool = False  # a frame or raise-line literal, not the message (medium confidence)
     extra: list[Evidence] = field(default_factory=list)  # more evidence lines (frames)
+    confidence: str | None = None  # a frame rule's own (low for broad frames)
+    quiet: bool = False  # matched on an INFO/WARNING line of the runtime's own logger
 
     def key(self) -> tuple[int, int, int, int, int]:
         return (
@@ -240,6 +261,7 @@ class _Frame:
     text: str
     path: str
     func: str
+    seq: int = 0  # the logical line's sequence number (records joined by ^M share a line)
     code: str | None = None
     code_line: int = 0
 
@@ -284,7 +306,8 @@ class Engine:
         self._covered_texts: set[str] = set()
         self._facts: dict[str, str] = {}
         self._open: list[_Match] = []
-        self._last_frame = -2
+        self._last_frame = -2  # sequence number of the last frame line
+        self._seq = 0  # logical lines seen
         self._exception_texts: set[str] = set()
         self._traces: dict[str | None, _Trace] = {}
         self._orphans: list[_Trace] = []  # tracebacks that ended without an exception line
@@ -301,6 +324,18 @@ class Engine:
     # ---------------------------------------------------------------- input
     def feed(self, lineno: int, raw: str) -> None:
         """One physical line (1-based number in the original log)."""
+        if "^M" in raw:
+            # records joined by a carriage return shown as "^M" (CI logs, `cat -v`): each
+            # is a line of its own (the same line number)
+            parts = raw.split("^M")
+            if any(p.strip() for p in parts[1:]):
+                for part in parts:
+                    if part.strip():
+                        self._feed(lineno, part)
+                return
+        self._feed(lineno, raw)
+
+    def _feed(self, lineno: int, raw: str) -> None:
         self.lines_seen += 1
         if self.fold is None:
             self._logical(lineno, raw)
@@ -338,11 +373,12 @@ class Engine:
         if self._open:
             self._fill_context(lineno, raw)
         cat = self.cat
-        after_frame = lineno == self._last_frame + 1
+        self._seq += 1
+        after_frame = self._seq == self._last_frame + 1
         if "File " in raw:
             fm = _FRAME.search(raw)
             if fm is not None:
-                self._last_frame = lineno
+                self._last_frame = self._seq
                 norm = normalize(raw)
                 entry[2][0] = norm.text
                 if _FRAME.match(norm.text.lstrip()):
@@ -355,12 +391,17 @@ class Engine:
                 self._on_source(lineno, norm)
                 return  # the source line of a traceback frame
         gated = cat.is_candidate(raw)
-        if not gated and not cat.is_info_candidate(raw):
+        if (
+            not gated
+            and not cat.is_info_candidate(raw)
+            and not (_maybe_lower(raw) and cat.is_lower_candidate(raw))
+        ):
             return
         norm = normalize(raw)
         entry[2][0] = norm.text
         for text in norm.text.split("\n") if "\n" in norm.text else (norm.text,):
-            self._match_line(lineno, text, norm, gated)
+            lower = _retyped_lower(text)
+            self._match_line(lineno, text, norm, gated or lower, lower)
 
     # ---------------------------------------------------------------- tracebacks
     def _trace(self, proc: str | None, lineno: int, header: str | None) -> _Trace:
@@ -381,20 +422,26 @@ class Engine:
         if len(tr.frames) >= 400:
             del tr.frames[:200]
         path = m.group("path").replace("\\", "/")  # Windows paths
-        tr.frames.append(_Frame(lineno, norm.text.strip(), path, m.group("func") or ""))
+        tr.frames.append(
+            _Frame(lineno, norm.text.strip(), path, m.group("func") or "", seq=self._seq)
+        )
 
     def _on_source(self, lineno: int, norm: Normalized) -> None:
         tr = self._traces.get(norm.proc)
-        if tr is None or not tr.frames or tr.frames[-1].line != lineno - 1:
+        if tr is None or not tr.frames or tr.frames[-1].seq != self._seq - 1:
             return
         code = norm.text.strip()
         if code:
             tr.frames[-1].code = code
             tr.frames[-1].code_line = lineno
 
-    def _match_line(self, lineno: int, text: str, norm: Normalized, gated: bool) -> None:
+    def _match_line(
+        self, lineno: int, text: str, norm: Normalized, gated: bool, lower: bool = False
+    ) -> None:
         cat = self.cat
-        info = norm.level in ("INFO", "DEBUG") and norm.level_shape in OWN_LEVEL_SHAPES
+        own = norm.level_shape in OWN_LEVEL_SHAPES
+        info = own and norm.level in ("INFO", "DEBUG")
+        quiet = own and norm.level in ("INFO", "DEBUG", "WARNING")
         if not text.strip():
             return
         self.candidates += 1
@@ -416,7 +463,8 @@ class Engine:
             return
         if _FRAME.match(text.lstrip()):
             return  # a frame inside a multi-line (JSON) record
-        is_exc = (not info) and gated and cat.exception_line.match(text) is not None
+        exc_rx = cat.exception_line_i if lower and cat.exception_line_i else cat.exception_line
+        is_exc = (not info) and gated and exc_rx.match(text) is not None
         new_exception = False
         if not info:
             if norm.level in ERROR_LEVELS:
@@ -447,12 +495,12 @@ class Engine:
         for pat in cat.patterns:
             if info and not pat.info:
                 continue
-            for lit in pat.literals:
+            for lit in pat.literals_lower if lower else pat.literals:
                 if lit in text:
                     break
             else:
                 continue
-            m = pat.regex.search(text)
+            m = (pat.regex_i if lower and pat.regex_i else pat.regex).search(text)
             if m is None:
                 continue
             if pat.context is not None and not self._context_ok(pat, lineno):
@@ -468,6 +516,7 @@ class Engine:
                 tier=ROLE_TIER[pat.role],
                 severity=pat.severity,
                 specificity=pat.specificity,
+                quiet=quiet and not pat.info and not _CARRIES_EXCEPTION.search(text),
             )
             prev = best_here.get(pat.rule.id)
             if prev is None or match.key() < prev.key():
@@ -478,6 +527,8 @@ class Engine:
                 prev.values = {**values, **prev.values}
         if not best_here and closed is not None:
             cut = self._cut_message(closed, lineno, text.strip())
+            if cut is None and closed.frames:
+                cut = self._frame_signal(closed, (lineno, text.strip()))
             if cut is not None:
                 best_here[cut.rule_id] = cut
         if not best_here:
@@ -585,26 +636,41 @@ class Engine:
                         weak=True,
                         extra=[Evidence(line=deepest.line, text=deepest.text)],
                     )
+        return self._frame_signal(tr)
+
+    def _frame_signal(self, tr: _Trace, exc: tuple[int, str] | None = None) -> _Match | None:
+        """The deepest frame (of the last FRAME_DEPTH) that a frame rule knows. With
+        ``exc`` (the traceback's exception line, which no rule explains) only the rules
+        marked ``with_exception`` apply, and the exception line is the evidence."""
         for fr in reversed(tr.frames[-FRAME_DEPTH:]):
             for cf in self.cat.frames:
+                if exc is not None and not cf.spec.with_exception:
+                    continue
                 if not cf.function.fullmatch(fr.func) or not cf.file.search(fr.path):
                     continue
                 if cf.code is not None and (fr.code is None or not cf.code.search(fr.code)):
                     continue
                 rule = cf.rule
-                extra = [Evidence(line=fr.code_line, text=fr.code)] if fr.code is not None else []
+                extra = [Evidence(line=fr.line, text=fr.text)] if exc is not None else []
+                if fr.code is not None:
+                    extra.append(Evidence(line=fr.code_line, text=fr.code))
+                line, text = exc if exc is not None else (fr.line, fr.text)
+                values = {"frame": f"{fr.path.rsplit('/', 1)[-1]}:{fr.func}"}
+                if exc is not None:
+                    values["exception"] = text
                 return _Match(
                     pattern=None,
                     rule_id=rule.id,
-                    line=fr.line,
-                    text=fr.text,
-                    anchor=fr.line,
-                    values={"frame": f"{fr.path.rsplit('/', 1)[-1]}:{fr.func}"},
+                    line=line,
+                    text=text,
+                    anchor=line,
+                    values=values,
                     tier=ROLE_TIER[rule.role],
                     severity=rule.severity,
                     specificity=rule.specificity,
                     weak=True,
                     extra=extra,
+                    confidence=cf.spec.confidence,
                 )
         return None
 
@@ -676,6 +742,16 @@ class Engine:
             )
         for matches in unexplained.values():
             groups.append((matches[0].key(), matches))
+        if not self._loud():
+            # INFO/WARNING lines of the runtime's own loggers (NCCL's plugin loader, vLLM's
+            # warnings, uvicorn's access log) are never fatal on their own
+            groups = [
+                (key, [replace(m, severity="warning") for m in ms])
+                if all(m.quiet for m in ms)
+                else (key, ms)
+                for key, ms in groups
+            ]
+            groups = [(min(m.key() for m in ms), ms) for _key, ms in groups]
         groups.sort(key=lambda g: (g[0], g[1][0].rule_id))
         # A lower-ranked rule that only matched lines a higher-ranked one already explains
         # (a generic signature of the same message) adds nothing: drop it.
@@ -687,11 +763,23 @@ class Engine:
                 continue
             explained |= lines
             kept.append(matches)
+        kept = _causes_before_wrappers(kept)
         if not any(SEVERITY_ORDER[g[0].severity] <= 1 for g in kept):
             fb = self._fallback()
             if fb is not None:
                 kept.append([fb])
         return [self._build(matches) for matches in self._explained_first(kept)]
+
+    def _loud(self) -> bool:
+        """Has the log shown an error of its own: an error-level line, an exception line,
+        a traceback or a fatal marker?"""
+        return bool(
+            self._last_error
+            or self._last_exc_line
+            or self._last_fatal
+            or self._orphans
+            or any(t.frames or t.header for t in self._traces.values())
+        )
 
     def _explained_first(self, groups: list[list[_Match]]) -> list[list[_Match]]:
         """Move a cause above the consequences it ``explains`` (e.g. /dev/shm full -> NCCL)."""
@@ -701,6 +789,8 @@ class Engine:
             moved = False
             for i, group in enumerate(order):
                 for j in range(i + 1, len(order)):
+                    if order[j][0].severity == "warning":
+                        continue  # a warning (a slow broadcast) explains no failure
                     if group[0].rule_id in rules[order[j][0].rule_id].explains:
                         order.insert(i, order.pop(j))
                         moved = True
@@ -742,7 +832,7 @@ class Engine:
         )
         if best.weak:
             role = best.pattern.role if best.pattern is not None else rule.role
-            confidence = "medium"
+            confidence = best.confidence or "medium"
         elif best.pattern is None:
             role, confidence = "unrecognized", "low"
         else:
@@ -765,6 +855,25 @@ class Engine:
         )
 
 
+_FOLLOWERS = (ROLE_TIER["symptom"], ROLE_TIER["wrapper"])
+
+
+def _causes_before_wrappers(groups: list[list[_Match]]) -> list[list[_Match]]:
+    """An exception no rule names (``unrecognized-error``) ranks above the generic
+    symptoms and wrappers that follow it (EngineDeadError, "Worker proc died", "WorkerProc
+    failed to start"): a wrapper is the answer only when no cause precedes it."""
+    order = list(groups)
+    for group in [g for g in groups if g[0].rule_id == "unrecognized-error"]:
+        first = min(m.line for m in group)
+        here = order.index(group)
+        for i, other in enumerate(order[:here]):
+            best = min(other, key=_Match.key)
+            if best.tier in _FOLLOWERS and min(m.line for m in other) > first:
+                order.insert(i, order.pop(here))
+                break
+    return order
+
+
 # --------------------------------------------------------------------------- entry points
 
 
@@ -779,9 +888,39 @@ def diagnose_numbered(
     catalogue: CompiledCatalogue | None = None,
     fold: int | None = None,
 ) -> list[Diagnosis]:
-    """Diagnose (line number, raw line) pairs -- possibly sparse, e.g. grep's candidates."""
+    """Diagnose (line number, raw line) pairs -- possibly sparse, e.g. grep's candidates.
+
+    A log printed newest line first (:func:`~fleet.diagnosis.normalize.newest_first`) is
+    read bottom-up; the evidence keeps the original line numbers."""
     it: Iterator[tuple[int, str]] = iter(pairs)
     head = list(islice(it, FOLD_SAMPLE))
+    if newest_first([visible(raw) for _n, raw in head]):
+        every = head + list(it)
+        top = max(n for n, _raw in every) + 1
+        upright = [(top - n, raw) for n, raw in reversed(every)]
+        found = _diagnose_upright(upright, host=host, catalogue=catalogue, fold=fold)
+        return [_renumber(d, top) for d in found]
+    return _diagnose_upright(head, it, host=host, catalogue=catalogue, fold=fold)
+
+
+def _renumber(diag: Diagnosis, top: int) -> Diagnosis:
+    """Line numbers of a log read bottom-up back to the log's own."""
+    return diag.model_copy(
+        update={
+            "evidence": [e.model_copy(update={"line": top - e.line}) for e in diag.evidence],
+            "context": [e.model_copy(update={"line": top - e.line}) for e in diag.context],
+        }
+    )
+
+
+def _diagnose_upright(
+    head: list[tuple[int, str]],
+    it: Iterable[tuple[int, str]] = (),
+    *,
+    host: str | None,
+    catalogue: CompiledCatalogue | None,
+    fold: int | None,
+) -> list[Diagnosis]:
     if fold is None:
         fold = _peek_fold([raw for _n, raw in head])
     engine = Engine(catalogue, host=host, fold=fold)

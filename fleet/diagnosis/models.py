@@ -50,6 +50,12 @@ TAXONOMY: tuple[str, ...] = (
     "torch-compile-failed",
     "attention-backend-unsupported",
     "quantization-unsupported",
+    # serving features (issue 24)
+    "cli-args-invalid",
+    "tool-call-parser-error",
+    "chat-template-render-failed",
+    "lora-limit-exceeded",
+    "sampling-nan",
     # model and config
     "architecture-unsupported",
     "architecture-inspection-failed",
@@ -57,6 +63,7 @@ TAXONOMY: tuple[str, ...] = (
     "chat-template-missing",
     "hf-auth-failed",
     "checkpoint-corrupt",
+    "checkpoint-weight-mismatch",
     "disk-full",
     # server
     "port-in-use",
@@ -136,7 +143,13 @@ class FrameSpec(BaseModel):
 
     ``file`` is searched in the frame's path, ``function`` must equal the frame's function
     (a regex, full match) and ``code``, when given, is searched in the source line shown
-    under the frame (the call or ``raise`` that failed). Matches have medium confidence."""
+    under the frame (the call or ``raise`` that failed). Matches have medium confidence
+    (``low`` for broad frames: any frame of Ray or of torch's compiler).
+
+    A frame rule is tried on a traceback cut before its exception line; with
+    ``with_exception: true`` also on a traceback whose exception line no rule explains
+    (a bare ``TimeoutError`` raised in shm_broadcast.py, a ``KeyError`` in a model's
+    ``load_weights``): the frame, not the message, names the cause."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -144,6 +157,8 @@ class FrameSpec(BaseModel):
     function: str
     code: str | None = None
     source: str = Field(min_length=3)
+    confidence: Literal["medium", "low"] = "medium"
+    with_exception: bool = False
 
     @field_validator("file", "function", "code")
     @classmethod

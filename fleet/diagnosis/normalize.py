@@ -38,6 +38,11 @@ _CARET_M = re.compile(r"(?:\^M)+$")
 # ANSI colour code, a trailing "#015" the carriage return of a CRLF line.
 _SYSLOG_ESC = re.compile(r"#033\[[0-?]*[ -/]*[@-~]|(?:#015)+$")
 
+# CI logs and `cat -v` show ESC as "^[": "^[[1;36m(APIServer pid=1)^[[0;0m ERROR ...".
+_CARET_ESC = re.compile(r"\^\[\[[0-?]*[ -/]*[@-~]|\^\[[\]_^P][^\x07]*?(?:\^G|\x07)")
+# A log viewer drawing a box (k9s, Lens, `kubectl` TUIs): "│ INFO ... │".
+_BOX_RIGHT = re.compile(r"\s*[│┃║]\s*$")
+
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 Kind = Literal["outer", "proc", "level"]
@@ -157,6 +162,20 @@ SHAPES: tuple[HeaderShape, ...] = (
     ),
     HeaderShape("tab-line-number", "outer", r"\d{1,7}\t", ((f"12\t{_M}", _M, None, None),)),
     HeaderShape(
+        "box-border",
+        "outer",
+        r"[│┃║][ \t]?",
+        (
+            (f"│ {_M}    │", _M, None, None),
+            (
+                "│ INFO 03-21 20:19:24 [launcher.py:34] Route: /v1/models, Methods: GET   │",
+                "Route: /v1/models, Methods: GET",
+                None,
+                "INFO",
+            ),
+        ),
+    ),
+    HeaderShape(
         "syslog-journald",
         "outer",
         r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [\w.@/\-]+(?:\[\d+\])?: ",
@@ -218,6 +237,23 @@ SHAPES: tuple[HeaderShape, ...] = (
         ((f"[vllm]: {_M}", _M, None, None),),
     ),
     HeaderShape(
+        # a launcher's stream tag in front of a process tag, a level or a frame
+        # ("[container] (EngineCore pid=695)   File ...") -- never fleet's own marker, never
+        # a level ("[Error] (Process) ..." is bracketed-level's)
+        "launcher-tag",
+        "outer",
+        r"\[(?!fleet\]|(?i:debug|info|warn|warning|error|critical|fatal)\])[A-Za-z][\w.\-]{0,40}\] "
+        r"(?=\(|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b|\s*File \")",
+        (
+            (
+                f"[container] (EngineCore pid=695) {_M}",
+                _M,
+                "EngineCore",
+                None,
+            ),
+        ),
+    ),
+    HeaderShape(
         "torchrun-tee",
         "outer",
         r"\[default\d+\]:",
@@ -267,6 +303,29 @@ SHAPES: tuple[HeaderShape, ...] = (
         "level",
         r"(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w./\-]+:\d+\]\s",
         ((f"E0928 15:47:24.123456  1234 core_worker.cc:12] {_M}", _M, None, "ERROR"),),
+    ),
+    HeaderShape(
+        # NCCL_DEBUG output: "host:pid:tid [dev] NCCL INFO ...", possibly behind a pdsh /
+        # mpirun host tag ("node2: ")
+        "nccl-debug",
+        "level",
+        r"(?:[\w.\-]+: )?[\w.\-]+:\d+:\d+ \[\d+\] NCCL (?P<level>INFO|WARN|TRACE)\b ?",
+        (
+            (
+                "h100-2:413:413 [1] NCCL INFO NET/Plugin: Plugin load returned 2 : "
+                "libnccl-net.so: cannot open shared object file: No such file or directory",
+                "NET/Plugin: Plugin load returned 2 : libnccl-net.so: cannot open shared "
+                "object file: No such file or directory",
+                None,
+                "INFO",
+            ),
+            (
+                "node2: node2:10792:10792 [0] NCCL WARN Cuda failure 'out of memory'",
+                "Cuda failure 'out of memory'",
+                None,
+                "WARNING",
+            ),
+        ),
     ),
     # ---------------------------------------------------------------- process tags
     HeaderShape(
@@ -375,6 +434,20 @@ SHAPES: tuple[HeaderShape, ...] = (
             (
                 f"2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] {_M}",
                 _M,
+                None,
+                "ERROR",
+            ),
+        ),
+    ),
+    HeaderShape(
+        # FastChat's logger (``build_logger``), relaying a worker's stderr line by line
+        "fastchat-stream",
+        "level",
+        r"(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \| [\w.\-]+ \| ",
+        (
+            (
+                "2023-12-12 19:38:39 | ERROR | stderr | Traceback (most recent call last):",
+                "Traceback (most recent call last):",
                 None,
                 "ERROR",
             ),
@@ -537,6 +610,10 @@ def normalize(raw: str) -> Normalized:
         text = _CARET_M.sub("", text)
     if "#0" in text:
         text = _SYSLOG_ESC.sub("", text)
+    if "^[" in text:
+        text = _CARET_ESC.sub("", text)
+    if text and text[-1] in "│┃║ ":
+        text = _BOX_RIGHT.sub("", text)
     js = _json_message(text)
     if js is not None:
         text = js
@@ -599,3 +676,51 @@ def fold_width(lines: list[str], *, min_width: int = 40) -> int | None:
         if len(a) == width and b and not looks_like_record_start(b)
     )
     return width if continued >= 3 and continued * 3 >= hits else None
+
+
+_TB_HEADER = "Traceback (most recent call last)"
+_CARETS = re.compile(r"(?:^|\s)[\^~]{4,}\s*$")
+_STAMP = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?|\b\d\d-\d\d \d\d:\d\d:\d\d\b")
+
+
+def _is_frame(line: str) -> bool:
+    return 'File "' in line and ", line " in line
+
+
+def newest_first(lines: list[str]) -> bool:
+    """Was this log printed newest line first (a Kubernetes log viewer, a reversed paste)?
+
+    In Python's order a traceback header is followed by its first frame, a frame by its
+    source line and then the caret line; read upside down the header comes after the
+    frames and a caret line right after a frame. Time stamps that only go down count too.
+    Cheap: only lines holding a header, a frame, carets or a time stamp are looked at."""
+    lines = [x for x in lines if x.strip()]  # a double-spaced paste
+    normal = reverse = 0
+    n = len(lines)
+    for i, line in enumerate(lines):
+        if _TB_HEADER in line:
+            nxt = lines[i + 1] if i + 1 < n else ""
+            prv = lines[i - 1] if i else ""
+            if _is_frame(nxt):
+                normal += 1
+            elif _is_frame(prv) or _CARETS.search(prv) or (i > 1 and _is_frame(lines[i - 2])):
+                reverse += 1
+        elif _is_frame(line):
+            if (i + 1 < n and _CARETS.search(lines[i + 1])) or (
+                i > 1 and _CARETS.search(lines[i - 2])
+            ):
+                reverse += 1
+            elif i + 2 < n and _CARETS.search(lines[i + 2]):
+                normal += 1
+    stamps = [m.group(0) for m in map(_STAMP.search, lines) if m is not None]
+    ups = downs = 0
+    for a, b in itertools.pairwise(stamps):
+        if b > a:
+            ups += 1
+        elif b < a:
+            downs += 1
+    if downs >= 3 and downs > 3 * ups:
+        reverse += 2
+    elif ups >= 3 and ups > 3 * downs:
+        normal += 2
+    return reverse >= 2 and reverse > normal

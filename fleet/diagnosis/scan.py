@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.diagnosis.catalogue import CompiledCatalogue, load_catalogue
-from fleet.diagnosis.engine import FOLD_SAMPLE, Engine
+from fleet.diagnosis.engine import FOLD_SAMPLE, Engine, diagnose_numbered
 from fleet.diagnosis.models import Diagnosis
-from fleet.diagnosis.normalize import fold_width, visible
+from fleet.diagnosis.normalize import fold_width, newest_first, visible
 
 CHUNK = 16 * 1024 * 1024
 WINDOW = 3  # context lines kept around each candidate line
@@ -208,7 +208,18 @@ def diagnose_file(
     with open(path, "rb") as fh:
         fh.seek(offset)
         head = fh.read(256 * 1024).split(b"\n")[:FOLD_SAMPLE]
-    fold = fold_width([visible(h.decode("utf-8", errors="replace")) for h in head])
+    head_text = [visible(h.decode("utf-8", errors="replace")) for h in head]
+    if newest_first(head_text):
+        # a log printed newest line first (a pasted viewer excerpt): read whole, bottom-up
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode("utf-8", errors="replace")
+        rows = text.split("\n")
+        if rows and rows[-1] == "":
+            rows.pop()
+        found = diagnose_numbered(enumerate(rows, first), host=host, catalogue=cat)
+        return ScanResult(diagnoses=found, lines=len(rows), bytes_read=len(text))
+    fold = fold_width(head_text)
     stats = ScanResult(diagnoses=[])
     window = WINDOW if fold is None else max(WINDOW, 8)
     engine = Engine(cat, host=host, fold=fold)

@@ -1277,6 +1277,139 @@ SCENARIOS: list[Scenario] = [
         ],
         shapes=("v1", "plain", "truncated"),
     ),
+    # ---------------------------------------------------------------- serving features (issue 24)
+    Scenario(
+        "cli-unrecognized",
+        "cli-args-invalid",
+        "argparse ArgumentParser.error via vllm/utils/argparse_utils.py FlexibleArgumentParser (exit 2; 0.10.2-0.33.0)",
+        where="lines",
+        wrapper=False,
+        lines=[
+            "usage: vllm [-h] [-v] {chat,complete,serve,bench,collect-env,run-batch} ...",
+            "vllm: error: unrecognized arguments: --speculative-model /models/drafter",
+        ],
+        shapes=("plain",),
+    ),
+    Scenario(
+        "tool-parser-choice",
+        "tool-call-parser-error",
+        "argparse choices of --tool-call-parser (vllm/entrypoints/openai/cli_args.py, 0.10.2-0.11.x)",
+        where="lines",
+        wrapper=False,
+        lines=[
+            "usage: vllm serve [model_tag] [options]",
+            "vllm serve: error: argument --tool-call-parser: invalid choice: 'kimi_k25' (choose from 'deepseek_v3', 'hermes', 'kimi_k2', 'llama3_json', 'mistral', 'pythonic', 'qwen3_coder')",
+        ],
+        shapes=("plain",),
+    ),
+    Scenario(
+        "tool-parser-extract",
+        "tool-call-parser-error",
+        "vllm/entrypoints/openai/tool_parsers/hermes_tool_parser.py extract_tool_calls logger.exception (0.10.2-0.25.0)",
+        where="lines",
+        wrapper=False,
+        lines=[
+            '(APIServer pid=1100) INFO:     127.0.0.1:40112 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+            "(APIServer pid=1100) ERROR 11-02 10:40:01 [hermes_tool_parser.py:157] Error in extracting tool call from response.",
+            "(APIServer pid=1100) ERROR 11-02 10:40:01 [hermes_tool_parser.py:157] Traceback (most recent call last):",
+            f'(APIServer pid=1100) ERROR 11-02 10:40:01 [hermes_tool_parser.py:157]   File "{SITE}/vllm/entrypoints/openai/tool_parsers/hermes_tool_parser.py", line 134, in extract_tool_calls',
+            "(APIServer pid=1100) ERROR 11-02 10:40:01 [hermes_tool_parser.py:157]     function_call_arr = json.loads(match[0] if match[0] else match[1])",
+            "(APIServer pid=1100) ERROR 11-02 10:40:01 [hermes_tool_parser.py:157] json.decoder.JSONDecodeError: Expecting value: line 1 column 2 (char 1)",
+        ],
+        shapes=("v1", "plain"),
+    ),
+    Scenario(
+        "jinja-render",
+        "chat-template-render-failed",
+        "jinja2 raised in transformers render_jinja_template under vllm/entrypoints/chat_utils.py apply_hf_chat_template (0.10.2-0.16.0)",
+        where="lines",
+        wrapper=False,
+        lines=[
+            "(APIServer pid=1100) ERROR 11-02 10:41:07 [serving_chat.py:257] Error in preprocessing prompt inputs",
+            "(APIServer pid=1100) ERROR 11-02 10:41:07 [serving_chat.py:257] Traceback (most recent call last):",
+            f'(APIServer pid=1100) ERROR 11-02 10:41:07 [serving_chat.py:257]   File "{SITE}/vllm/entrypoints/chat_utils.py", line 1567, in apply_hf_chat_template',
+            "(APIServer pid=1100) ERROR 11-02 10:41:07 [serving_chat.py:257]     return tokenizer.apply_chat_template(",
+            f'(APIServer pid=1100) ERROR 11-02 10:41:07 [serving_chat.py:257]   File "{SITE}/transformers/utils/chat_template_utils.py", line 521, in render_jinja_template',
+            "(APIServer pid=1100) ERROR 11-02 10:41:07 [serving_chat.py:257]     rendered_chat = compiled_template.render(",
+            "(APIServer pid=1100) ERROR 11-02 10:41:07 [serving_chat.py:257] jinja2.exceptions.UndefinedError: 'dict object' has no attribute 'content'",
+        ],
+        shapes=("v1", "plain"),
+    ),
+    Scenario(
+        "lora-rank",
+        "lora-limit-exceeded",
+        "vllm/lora/peft_helper.py PEFTHelper.validate_legal (0.10.2-0.33.0)",
+        exc=["ValueError: LoRA rank 64 is greater than max_lora_rank 16."],
+        frames=[
+            F(
+                "vllm/lora/worker_manager.py",
+                122,
+                "_load_adapter",
+                "peft_helper.validate_legal(self.lora_config)",
+            ),
+            F(
+                "vllm/lora/peft_helper.py",
+                127,
+                "validate_legal",
+                "raise ValueError(f\"{' '.join(error_msg)}\")",
+            ),
+        ],
+        where="worker",
+    ),
+    Scenario(
+        "sampler-nan",
+        "sampling-nan",
+        "PyTorch torch.multinomial under vllm/v1/sample/ops/topk_topp_sampler.py random_sample",
+        exc=["RuntimeError: probability tensor contains either `inf`, `nan` or element < 0"],
+        frames=[
+            F(
+                "vllm/v1/sample/ops/topk_topp_sampler.py",
+                188,
+                "random_sample",
+                "return probs.div_(q).argmax(dim=-1).view(-1)",
+            ),
+        ],
+        where="worker",
+        wrapper=False,
+    ),
+    Scenario(
+        "weight-keyerror",
+        "checkpoint-weight-mismatch",
+        "vllm/model_executor/models/qwen2.py load_weights (param = params_dict[name]) on a checkpoint tensor the model lacks",
+        exc=["KeyError: 'layers.0.mlp.down_proj.weight_scale'"],
+        frames=[
+            F(
+                "vllm/model_executor/models/utils.py",
+                291,
+                "load_weights",
+                'autoloaded_weights = set(self._load_module("", self.module, weights))',
+            ),
+            F(
+                "vllm/model_executor/models/qwen2.py",
+                471,
+                "load_weights",
+                "param = params_dict[name]",
+            ),
+        ],
+        where="worker",
+    ),
+    Scenario(
+        "weight-shape",
+        "checkpoint-weight-mismatch",
+        "vllm/model_executor/model_loader/weight_utils.py default_weight_loader (0.10.2-0.33.0)",
+        exc=[
+            "AssertionError: Attempted to load weight (torch.Size([3600])) into parameter (torch.Size([3584]))"
+        ],
+        frames=[
+            F(
+                "vllm/model_executor/model_loader/weight_utils.py",
+                1023,
+                "default_weight_loader",
+                "assert param.size() == loaded_weight.size(), (",
+            ),
+        ],
+        where="worker",
+    ),
 ]
 
 # ------------------------------------------------------------------------------ rendering

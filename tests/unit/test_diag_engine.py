@@ -124,17 +124,24 @@ def test_a_known_cause_outranks_an_unrecognized_exception() -> None:
     assert ids(lines) == ["kv-cache-too-small", "unrecognized-error"]
 
 
-def test_symptoms_rank_after_causes_and_before_unexplained_exceptions() -> None:
+def test_an_unexplained_exception_ranks_above_the_wrappers_that_follow_it() -> None:
+    """Issue 24: a wrapper (EngineDeadError, "Worker proc died") is the answer only when no
+    cause precedes it; an exception no rule names, printed before them, is that cause."""
     died = "(EngineCore_DP0 pid=7) ERROR 11-02 12:40:03 [multiproc_executor.py:154] Worker proc VllmWorker-5 died unexpectedly, shutting down executor."
     dead = "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause."
     unknown = "(Worker_TP5 pid=15) RuntimeError: something nobody has seen"
-    assert ids([unknown, died, dead]) == ["worker-died", "engine-dead", "unrecognized-error"]
+    assert ids([unknown, died, dead]) == ["unrecognized-error", "worker-died", "engine-dead"]
+    # after the symptoms it explains nothing: the symptoms stay first
+    assert ids([died, dead, unknown]) == ["worker-died", "engine-dead", "unrecognized-error"]
+    # a named cause still ranks first, wherever it is
     assert ids([unknown, died, dead, P + OOM]) == [
         "cuda-oom",
+        "unrecognized-error",
         "worker-died",
         "engine-dead",
-        "unrecognized-error",
     ]
+    got = diagnose([unknown, died, dead])[0]
+    assert got.evidence[0].text == "RuntimeError: something nobody has seen"
 
 
 def test_only_the_generic_wrapper_visible() -> None:
@@ -188,7 +195,7 @@ def test_context_condition_separates_drafter_from_checkpoint() -> None:
             '  File "/x/vllm/model_executor/models/deepseek_v2.py", line 1402, in load_weights',
             load,
         ]
-    ) == ["checkpoint-corrupt"]
+    ) == ["checkpoint-weight-mismatch"]
 
 
 def test_info_lines_only_match_info_patterns() -> None:

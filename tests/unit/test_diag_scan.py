@@ -55,7 +55,7 @@ def test_context_line_at_info_level_far_from_the_error(tmp_path: Path) -> None:
     assert same(log) == [("drafter-incompatible", [42])]
     far = tmp_path / "far.log"
     far.write_text("\n".join([drafter, *[INFO] * 80, LOAD]) + "\n")
-    assert same(far) == [("checkpoint-corrupt", [82])]
+    assert same(far) == [("checkpoint-weight-mismatch", [82])]
 
 
 def test_candidate_numbering_across_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,3 +41,13 @@ def test_the_taxonomy_page_names_every_id() -> None:
     page = (ROOT / "docs" / "taxonomy.md").read_text(encoding="utf-8")
     listed = set(re.findall(r"^\| `([a-z0-9-]+)` \|", page, flags=re.M))
     assert listed == set(TAXONOMY), sorted(listed ^ set(TAXONOMY))
+
+
+def test_the_taxonomy_page_is_the_one_the_code_writes() -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import taxonomy_doc
+
+    written = (ROOT / "docs" / "taxonomy.md").read_text(encoding="utf-8")
+    assert written == taxonomy_doc.page(), "run: python scripts/taxonomy_doc.py"
