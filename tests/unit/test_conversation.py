@@ -22,6 +22,7 @@ from fleet.patching import host_calls
 from fleet.sandbox.procs import running
 from fleet.sandbox.vllm_source import vllm_tree
 from fleet.transport import LocalRunner
+from tests.faults import set_fault
 
 FETCH = {
     "op": "fetch",
@@ -54,7 +55,7 @@ def _ends(pid: int, within: float) -> float | None:
     return None
 
 
-def _apply(fetched: dict[str, Any], fault: str | None) -> dict[str, Any]:
+def _apply(fetched: dict[str, Any]) -> dict[str, Any]:
     return {
         "op": "apply",
         "patch_set": "eagle3-deepseek",
@@ -62,7 +63,6 @@ def _apply(fetched: dict[str, Any], fault: str | None) -> dict[str, Any]:
         "backup_root": "~/.fleet/patches",
         "package_dir": fetched["package_dir"],
         "version": fetched["version"],
-        "fault": fault,
     }
 
 
@@ -85,24 +85,28 @@ def test_one_process_answers_every_request_and_ends_with_its_stdin(conn: LocalRu
     assert time.monotonic() - closing < 5.0
 
 
-def test_a_script_that_dies_mid_conversation_is_an_error_not_a_hang(conn: LocalRunner) -> None:
+def test_a_script_that_dies_mid_conversation_is_an_error_not_a_hang(
+    conn: LocalRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_fault(monkeypatch, "after-lock")  # the write exits at once there
     with client.Conversation(conn, "patch") as talk:
         fetched = talk.ask_raw(FETCH, timeout=60).result
         with pytest.raises(client.OnhostError, match=r"without an answer \(exit 97\)"):
-            talk.ask_raw(_apply(fetched, "after-lock"), timeout=60)  # exits at once
+            talk.ask_raw(_apply(fetched), timeout=60)
         with pytest.raises(client.OnhostError, match=r"ended \(exit 97\) before the next"):
             talk.ask_raw(FETCH, timeout=60)
 
 
 def test_a_request_past_its_timeout_fails_and_a_write_still_finishes(
-    conn: LocalRunner,
+    conn: LocalRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    set_fault(monkeypatch, "after-lock:sleep=3")
     with client.Conversation(conn, "patch") as talk:
         fetched = talk.ask_raw(FETCH, timeout=60).result
         pid = _pid(talk)
         started = time.monotonic()
         with pytest.raises(OperationFailed, match="timed out after 1s") as info:
-            talk.ask_raw(_apply(fetched, "after-lock:sleep=3"), timeout=1)
+            talk.ask_raw(_apply(fetched), timeout=1)
         assert info.value.code == "command-timeout"
         assert time.monotonic() - started < 2.5
     # a write holds (fleet/onhost/_common.py hold_on_hangup): its stdin's end does not cut
