@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -221,7 +222,7 @@ def serve(
     and memory, drafter/target fit, files, the port). Exit 0 when every host is ready, 1 if
     one crashed, stalled, timed out or was refused, 2 for bad input, 3 if unreachable.
     """
-    from fleet.serving.profile import profile_path
+    from fleet.serving.profile import for_host, profile_path
     from fleet.serving.serve import ServeOptions, serve_host
     from fleet.transport import exit_code
 
@@ -236,13 +237,16 @@ def serve(
         stall_timeout=stall_timeout,
     )
     with Display(app, [h.name for h in selected], events=events) as display:
-
-        def one(host: HostSpec) -> ServeResult:
-            # serve_host owns the host's connection (its HostLink) for the whole serve
-            return serve_host(session, host, profile, options, display)
-
         try:
-            outcomes = app.map_hosts(selected, one, session)
+            if for_host(profile, selected[0]).nodes > 1:
+                outcomes = _serve_groups(app, session, selected, profile, options, display)
+            else:
+
+                def one(host: HostSpec) -> ServeResult:
+                    # serve_host owns the host's connection (its HostLink) for the whole serve
+                    return serve_host(session, host, profile, options, display)
+
+                outcomes = app.map_hosts(selected, one, session)
         except KeyboardInterrupt:
             _interrupted(app, display, profile)
             raise
@@ -254,6 +258,40 @@ def serve(
     elif not events:
         _render_serve(app.console, outcomes)
     return exit_code(outcomes)
+
+
+def _serve_groups(
+    app: AppContext,
+    session: Any,
+    selected: list[HostSpec],
+    profile: str,
+    options: Any,
+    display: Display,
+) -> list[HostOutcome[ServeResult]]:
+    """A profile across several hosts: the hosts, in inventory order, in groups of
+    ``nodes`` (each served as one server, its head first); one outcome per host."""
+    from fleet.serving.group import serve_group
+    from fleet.serving.multinode import split_groups
+    from fleet.serving.profile import for_host
+    from fleet.transport import HostOutcome
+
+    groups = split_groups(selected, for_host(profile, selected[0]).nodes)
+    by_head = {g.head.host.name: g for g in groups}
+
+    def one(head: HostSpec) -> dict[str, ServeResult]:
+        return serve_group(session, by_head[head.name], profile, options, display)
+
+    done = app.map_hosts([g.head.host for g in groups], one, session)
+    outcomes: list[HostOutcome[ServeResult]] = []
+    for group, outcome in zip(groups, done, strict=True):
+        for member in group.members:
+            if outcome.value is not None:
+                outcomes.append(
+                    HostOutcome.of_value(member.host.name, outcome.value[member.host.name])
+                )
+            else:
+                outcomes.append(replace(outcome, host=member.host.name))  # type: ignore[arg-type]
+    return outcomes
 
 
 def _interrupted(app: AppContext, display: Display, profile: str) -> None:

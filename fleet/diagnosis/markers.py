@@ -19,7 +19,11 @@ from fleet.diagnosis.catalogue import CompiledCatalogue, load_catalogue
 from fleet.diagnosis.engine import diagnose
 from fleet.diagnosis.models import Diagnosis
 
-KINDS = ("load-stalled", "load-timeout", "process-exited", "supervisor-died", "patch-not-applied")
+KINDS = (
+    "load-stalled", "load-timeout", "process-exited", "supervisor-died", "patch-not-applied",
+    "node-mismatch", "multinode-unsupported", "node-unreachable", "network-interface-wrong",
+    "node-ip-duplicate",
+)  # fmt: skip
 _VALUE = re.compile(r"[A-Za-z0-9_.:/\-]+")
 _KEY = re.compile(r"[a-z][a-z0-9_]*")
 

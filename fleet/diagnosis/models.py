@@ -65,6 +65,12 @@ TAXONOMY: tuple[str, ...] = (
     "checkpoint-corrupt",
     "checkpoint-weight-mismatch",
     "disk-full",
+    # multi-node
+    "node-mismatch",
+    "multinode-unsupported",
+    "node-unreachable",
+    "network-interface-wrong",
+    "node-ip-duplicate",
     # server
     "port-in-use",
     "engine-dead",

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from fleet.onhost._common import find_vllm, hold_on_hangup, vllm_version
 from fleet.onhost.files import FileLock, lock_held, replace_file
 from fleet.onhost.layout import home, run_dir, run_root
-from fleet.onhost.probes import disk_usage, part_gpus
+from fleet.onhost.probes import disk_usage, part_gpus, run_captured
 from fleet.onhost.supervisors import ACTIVE_STATES, backend, describe_all
 from fleet.onhost.vllm_tree import allowlists, model_classes
 
@@ -235,8 +235,88 @@ def op_preflight(request: Dict[str, Any]) -> Dict[str, Any]:
         "path": vllm_exe,
         "ok": os.path.isfile(vllm_exe) and os.access(vllm_exe, os.X_OK),
     }
+    if package_dir:
+        out["vllm"]["offers"] = _vllm_offers(package_dir)
+    if profile.get("node"):
+        out["node"] = _node_checks(profile["node"])
     out["supervisors"] = describe_all()
     out["server"] = _profile_state(str(profile["name"]), int(profile["port"]))
+    return out
+
+
+_OFFERS = (
+    # what a multi-node start may use, as this vLLM's own source defines it
+    ("nnodes", ("engine/arg_utils.py",), '"--nnodes"'),
+    (
+        "headless",
+        (
+            "entrypoints/openai/cli_args.py",
+            "entrypoints/common/cli_args.py",
+            "entrypoints/cli/serve.py",
+        ),
+        '"--headless"',
+    ),
+    ("distributed_timeout_seconds", ("engine/arg_utils.py",), '"--distributed-timeout-seconds"'),
+    ("engine_ready_timeout", ("envs.py",), '"VLLM_ENGINE_READY_TIMEOUT_S"'),
+)
+
+
+def _vllm_offers(package_dir: str) -> Dict[str, bool]:
+    """Which multi-node flags and settings the installed vLLM defines (its source)."""
+    out: Dict[str, bool] = {}
+    texts: Dict[str, str] = {}
+    for key, files, needle in _OFFERS:
+        found = False
+        for rel in files:
+            if rel not in texts:
+                try:
+                    with open(os.path.join(package_dir, rel), encoding="utf-8") as fh:
+                        texts[rel] = fh.read()
+                except OSError:
+                    texts[rel] = ""
+            found = found or needle in texts[rel]
+        out[key] = found
+    return out
+
+
+def _node_checks(node: Dict[str, Any]) -> Dict[str, Any]:
+    """A node of a server across hosts, checked from the node itself: its address is its
+    own, the ports it must open are free there, the other nodes answer at the addresses
+    they will use, the interface exists."""
+    address = str(node.get("address") or "")
+    out: Dict[str, Any] = {"address": address}
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.bind((address, 0))
+        out["address_local"] = True
+    except OSError as exc:
+        out["address_local"] = False
+        out["address_error"] = os.strerror(exc.errno or 0) if exc.errno else str(exc)
+    finally:
+        probe.close()
+    ports: Dict[str, Any] = {}
+    for port in node.get("ports") or []:
+        state = _bind_free(address if out["address_local"] else "0.0.0.0", int(port))
+        if not state["free"]:
+            state["holder"] = _holder_of(int(port))
+        ports[str(port)] = state
+    out["ports"] = ports
+    peers: Dict[str, Any] = {}
+    for peer in node.get("peers") or []:
+        target = (str(peer["address"]), int(peer["port"]))
+        entry: Dict[str, Any] = {"address": target[0], "port": target[1]}
+        try:
+            socket.create_connection(target, timeout=3.0).close()
+            entry["ok"] = True
+        except OSError as exc:
+            entry["ok"] = False
+            entry["error"] = os.strerror(exc.errno) if exc.errno else (str(exc) or "timed out")
+        peers[str(peer["name"])] = entry
+    out["peers"] = peers
+    iface = node.get("interface")
+    if iface:
+        out["interface"] = {"name": iface, "exists": os.path.isdir("/sys/class/net/" + iface)}
     return out
 
 
@@ -363,6 +443,8 @@ def op_launch(request: Dict[str, Any]) -> Dict[str, Any]:
             "supervisor": sup.name,
             "supervisor_source": getattr(sup, "tools", {}).get("source") or sup.name,
         }
+        if request.get("node"):
+            state["node"] = request["node"]  # its part of a server across hosts
         _save_state(directory, state)
         return dict(state, state=status["state"])
 
@@ -424,4 +506,37 @@ def op_stop(request: Dict[str, Any]) -> Dict[str, Any]:
         }
 
 
-OPS = {"preflight": op_preflight, "launch": op_launch, "status": op_status, "stop": op_stop}
+def op_ray_nodes(request: Dict[str, Any]) -> Dict[str, Any]:
+    """``ray status --address A``: the active nodes and GPUs of the Ray cluster."""
+    ray = os.path.expanduser(str(request["ray"]))
+    found = run_captured([ray, "status", "--address", str(request["address"])], 60.0)
+    if found is None:
+        return {"nodes": 0, "output": "ray status did not answer (or %s is missing)" % ray}
+    _code, out, err = found
+    text = out.decode("utf-8", "replace")
+    nodes = 0
+    gpus = None
+    section = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped in ("Active:", "Pending:", "Recent failures:"):
+            section = stripped
+            continue
+        if section == "Active:" and " node_" in " " + stripped:
+            nodes += 1
+        if stripped.endswith(" GPU") and "/" in stripped:
+            try:
+                gpus = float(stripped.split("/", 1)[1].split()[0])
+            except ValueError:
+                pass
+    tail = (text + err.decode("utf-8", "replace"))[-500:]
+    return {"nodes": nodes, "gpus": gpus, "output": tail}
+
+
+OPS = {
+    "preflight": op_preflight,
+    "launch": op_launch,
+    "status": op_status,
+    "stop": op_stop,
+    "ray-nodes": op_ray_nodes,
+}

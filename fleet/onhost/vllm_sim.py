@@ -33,6 +33,7 @@ from fleet.onhost.vllm_sim_args import (
     sim_spec_fields,
 )
 from fleet.onhost.vllm_sim_http import SimApp, SimMetrics, sim_bind, sim_serve
+from fleet.onhost.vllm_sim_nodes import SimNodes
 from fleet.onhost.vllm_sim_out import (
     Frame,
     Prefixed,
@@ -109,6 +110,7 @@ SIM_KNOBS = {
     "truncate_then": "resume",  # "resume" | "kill" (SIGKILL of the process group)
     "number_lines": False,  # " [seq=N]" before each line ending (all processes, from 1)
     "http_delay_s": 0.0,  # every HTTP answer this late (a cut lands inside readiness)
+    "rendezvous_timeout_s": None,  # torch's 600 s store timeout, else compressed as the load
 }
 SIM_PHASES = (
     ("config", 0.02),
@@ -414,10 +416,16 @@ class Sim:
     def pause(self, seconds: float) -> None:
         end = time.monotonic() + max(0.0, seconds)
         while True:
+            nodes = getattr(self, "nodes", None)
+            if nodes is not None and nodes.lost:
+                self.node_lost()
             left = end - time.monotonic()
             if left <= 0:
                 return
             time.sleep(min(left, 0.05))
+
+    def pause_plain(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
 
     # -- start --------------------------------------------------------------------------
     def run(self) -> int:
@@ -466,6 +474,7 @@ class Sim:
             raise SimExit(2)
         self.tp = int(values.get("tensor_parallel_size") or 1)
         self.pp = int(values.get("pipeline_parallel_size") or 1)
+        self.nodes = SimNodes(self, values)
         self.served = list(values.get("served_model_name") or [self.model_path])
         self.port = int(values.get("port") or 8000)
         self.host_addr = str(values.get("host") or "")
@@ -477,6 +486,8 @@ class Sim:
         env_key = self.env.get("VLLM_API_KEY")
         self.api_keys = list(given_keys or ([env_key] if env_key else []))
         self.spec = values.get("speculative_config")
+        if self.nodes.headless:
+            self.run_headless()
         self.api.decorate("APIServer")
         self.say_banner()
         self.say(
@@ -490,6 +501,50 @@ class Sim:
         self.start_engine()
         self.load()
         self.serve_http()
+
+    def run_headless(self) -> None:
+        """A worker node of vLLM's own multi-node mode: no API server, its ranks only."""
+        self.say("headless", (self.version, self.nodes.master_addr))
+        self.phase = "config"
+        self.configure()
+        self.start_engine()
+        self.load()
+        while not self.terminated:
+            if self.nodes.lost:
+                self.node_lost()
+            time.sleep(0.05)
+        raise SimExit(0)
+
+    def say_ray(self, key: str, args: Any) -> None:
+        self.say(key, args, procs=[self.engine] if self.engine is not None else [self.api])
+
+    def fail_rendezvous(self, exc: str) -> None:
+        """The process group could not form: torch's error in every local rank's traceback
+        (init_distributed_environment), the engine fails, the server exits 1."""
+        frames = self.src.chain(
+            [
+                (("distributed/parallel_state.py",), "init_distributed_environment",
+                 "torch.distributed.init_process_group(", None),
+            ]
+        )  # fmt: skip
+        if self.nodes.headless or not self.workers:
+            target = self.workers[0] if self.workers else self.api
+            target.stderr(traceback_text(frames, exc) + "\n")
+            raise SimExit(1)
+        self.fail_workers("init_device", frames, exc, self.workers[:1])
+
+    def node_lost(self) -> None:
+        """A node of the group died: the collectives of the others time out (NCCL's
+        watchdog, compressed) and the server exits 1."""
+        lost = self.nodes.lost
+        self.pause_plain(min(3.0, max(0.5, self.load_seconds * 0.05)))
+        procs = self.workers[:1] or [self.api]
+        procs[0].stderr(
+            "[Rank %d] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, "
+            "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600051 "
+            "milliseconds before timing out. (%s stopped answering)\n" % (self.nodes.rank0, lost)
+        )
+        raise SimExit(1)
 
     def say_platform(self, proc: SimProcess) -> None:
         # 0.10.x logs "Automatically detected platform cuda." at INFO on import, before
@@ -624,9 +679,10 @@ class Sim:
         self.max_model_len = int(user_len) if user_len is not None else self.target_max_len
         self.say("arch", (target.arch,))
         self.say("max_len", (self.max_model_len,))
-        # ParallelConfig: world size against the GPUs of this node
+        # ParallelConfig: world size against the GPUs of this node (its share of a server
+        # across nodes; with Ray, the cluster's)
         world = self.tp * self.pp
-        if world > self.gpu_count:
+        if not self.nodes.fits():
             msg = self.src.message(
                 ("config/parallel.py",),
                 "is larger than the number of ",
@@ -783,7 +839,8 @@ class Sim:
 
     def start_engine(self) -> None:
         self.phase = "engine"
-        titles = ["VLLM::" + self.worker_name(r) for r in range(self.tp * self.pp)]
+        first = self.nodes.rank0
+        titles = ["VLLM::" + self.worker_name(first + r) for r in range(self.nodes.local_world)]
         spawned = sim_spawn_engine(sys.executable, titles, self.gpus.path, self.api.pid)
         engine_child: SimChild = spawned["engine"]
         self.worker_pipes = spawned["worker_pipes"]
@@ -791,11 +848,13 @@ class Sim:
         self.engine = SimProcess(self, engine_child.pid, engine_child)
         self.say_platform(self.engine)
         self.engine.decorate(self.family["engine_name"])
-        self.say("engine_init", (self.version, self.engine_config()))
-        self.say(
-            "dp_leader",
-            (0, 0, "127.0.0.1", "127.0.0.1", self.tp * self.pp, self.tp * self.pp),
-        )
+        if not self.nodes.headless:
+            self.say("engine_init", (self.version, self.engine_config()))
+            addr = self.nodes.master_addr if self.nodes.multinode else "127.0.0.1"
+            self.say(
+                "dp_leader",
+                (0, 0, addr, addr, self.tp * self.pp, self.nodes.local_world),
+            )
         self.sleep("engine")
         children = sim_spawn_workers(engine_child, titles, self.worker_pipes)
         self.workers = [SimProcess(self, c.pid, c) for c in children]
@@ -898,10 +957,15 @@ class Sim:
         self.phase = "init_device"
         self.init_started = time.monotonic()
         world = self.tp * self.pp
+        first = self.nodes.rank0
         method = "tcp://127.0.0.1:%d" % (29500 + os.getpid() % 20000)
+        if self.nodes.multinode:
+            method = "tcp://%s:%d" % (self.nodes.master_addr, self.nodes.master_port)
+        self.nodes.rendezvous()
+        self.nodes.ray_place()
         self.say(
             "world",
-            per_proc=lambda i, p: ((world, i, i, method, "nccl"), None),
+            per_proc=lambda i, p: ((world, first + i, i, method, "nccl"), None),
         )
         if self.knobs.get("fault") == "nccl":
             self.fail_workers(
@@ -939,14 +1003,14 @@ class Sim:
             per_proc=lambda i, p: (
                 None,
                 {
-                    "rank": i,
+                    "rank": first + i,
                     "world size": world,
                     "dp rank": 0,
-                    "pp rank": i // self.tp,
+                    "pp rank": (first + i) // self.tp,
                     "pcp rank": 0,
-                    "tp rank": i % self.tp,
+                    "tp rank": (first + i) % self.tp,
                     "etp rank": "N/A",
-                    "ep rank": i % self.tp,
+                    "ep rank": (first + i) % self.tp,
                     "eplb rank": "N/A",
                 },
             ),
@@ -954,7 +1018,7 @@ class Sim:
         self.sleep("init_device")
         for i, proc in enumerate(self.workers):
             mode = "replace" if self.v >= (0, 18) else "wrap"
-            proc.decorate(self.worker_name(i), mode)
+            proc.decorate(self.worker_name(first + i), mode)
 
     def check_free_memory(self) -> None:
         used = self.gpus.used_by_others(self.api.pid)
@@ -1686,6 +1750,9 @@ class Sim:
         while True:
             if self.terminated:
                 return self.shutdown(signalled=True)
+            if self.nodes.lost:
+                self.app.dead = True
+                self.node_lost()
             if crash_at is not None and time.monotonic() >= crash_at:
                 return self.engine_death()
             time.sleep(0.05)
@@ -1732,6 +1799,9 @@ class Sim:
         raise SimExit(0)
 
     def cleanup(self) -> None:
+        nodes = getattr(self, "nodes", None)
+        if nodes is not None:
+            nodes.close()
         for proc in self.workers + ([self.engine] if self.engine is not None else []):
             if proc.child is not None and proc.child.alive:
                 proc.child.exit(0, clear=proc is self.engine)

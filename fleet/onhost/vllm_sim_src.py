@@ -65,6 +65,24 @@ SIM_MESSAGES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...], Optional[str], s
     ),
     "async_sched": (("config/vllm.py",), ("Asynchronous scheduling is %s.",), None, "A"),
     "engine_init": ((CORE,), ("Initializing a V1 LLM engine (v%s) with config: %s",), None, "E"),
+    "headless": (
+        ("entrypoints/cli/serve.py",),
+        ("Launching vLLM (v%s) headless multiproc executor",),
+        None,
+        "A",
+    ),
+    "ray_pg_new": (
+        ("v1/executor/ray_utils.py", "executor/ray_utils.py"),
+        ("No current placement group found. Creating a new placement group.",),
+        None,
+        "E",
+    ),
+    "ray_pg_wait": (
+        ("v1/executor/ray_utils.py", "executor/ray_utils.py"),
+        ("Waiting for creating a placement group of specs for %d seconds.",),
+        None,
+        "E",
+    ),
     "dp_leader": ((EXECUTOR,), ("DP group leader: ",), None, "E"),
     "world": (
         ("distributed/parallel_state.py",),

@@ -206,6 +206,7 @@ class Sandbox:
         workers: int = 4,
         no_supervisor: Sequence[str] = (),
         systemd: Sequence[str] = (),
+        distinct_addresses: bool = False,
     ) -> Sandbox:
         """Start ``hosts`` rehearsal hosts, vLLM versions round-robin; write the inventory.
 
@@ -213,6 +214,8 @@ class Sandbox:
         image variant without Debian's supervisor package; local hosts never have one).
         ``systemd``: names of hosts that boot systemd as PID 1 (docker backend: a
         privileged-enough container with the host's cgroup tree; sshd runs as its unit).
+        ``distinct_addresses``: every host on a loopback address of its own (127.0.0.11,
+        .12, ...) instead of all on 127.0.0.1, as the nodes of a server across hosts need.
         """
         say = progress or (lambda _msg: None)
         model.validate_hosts(hosts)
@@ -242,6 +245,11 @@ class Sandbox:
                     for n, v, p, vp in zip(
                         names, assigned, ports[:hosts], ports[hosts:], strict=True
                     )
+                ]
+            if distinct_addresses:
+                planned = [
+                    h.model_copy(update={"address": f"127.0.0.{11 + i}"})
+                    for i, h in enumerate(planned)
                 ]
             state = model.SandboxState(
                 backend=kind,

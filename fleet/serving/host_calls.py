@@ -19,6 +19,7 @@ from fleet.serving.profile import Profile
 from fleet.serving.supervisor import Backend
 
 if TYPE_CHECKING:
+    from fleet.serving.multinode import Node
     from fleet.transport import Runner
 
 SCRIPT = "serve"
@@ -73,6 +74,18 @@ class StatusAnswer(_Answer):
     profiles: dict[str, ProfileStatus] = Field(default_factory=dict)
 
 
+class RayNodesAnswer(_Answer):
+    nodes: int = 0
+    gpus: float | None = None
+    output: str | None = None
+
+
+def ray_nodes(conn: Runner, *, ray: str, address: str) -> RayNodesAnswer:
+    """``ray status`` on the host: how many nodes the cluster at ``address`` has now."""
+    request = {"op": "ray-nodes", "ray": ray, "address": address}
+    return run_onhost(conn, SCRIPT, request, RayNodesAnswer, timeout=90)
+
+
 class StopAnswer(_Answer):
     was_running: bool
     state: str
@@ -81,19 +94,23 @@ class StopAnswer(_Answer):
     gpus: dict[str, Any] = Field(default_factory=dict)
 
 
-def preflight(conn: Runner, profile: Profile) -> PreflightAnswer:
+def preflight(
+    conn: Runner, profile: Profile, node: dict[str, Any] | None = None
+) -> PreflightAnswer:
+    """The host's observations for preflight (``node``: its part of a server across hosts:
+    its address, the ports it opens, its peers, the interface; checked from the host)."""
     python = conn.host.python
-    request = {
-        "op": "preflight",
-        "profile": {
-            "name": profile.name,
-            "model": profile.model,
-            "drafter": profile.speculative.model,
-            "host": "0.0.0.0" if profile.host in ("0.0.0.0", "::") else profile.host,
-            "port": profile.port,
-            "vllm": profile.vllm_executable(python),
-        },
+    seen: dict[str, Any] = {
+        "name": profile.name,
+        "model": profile.model,
+        "drafter": profile.speculative.model,
+        "host": "0.0.0.0" if profile.host in ("0.0.0.0", "::") else profile.host,
+        "port": profile.port,
+        "vllm": profile.vllm_executable(python),
     }
+    if node is not None:
+        seen["node"] = node
+    request = {"op": "preflight", "profile": seen}
     return run_onhost(conn, SCRIPT, request, PreflightAnswer, timeout=PREFLIGHT_TIMEOUT)
 
 
@@ -106,6 +123,8 @@ def launch(
     restart: bool,
     backend: Backend,
     launch_id: str,
+    node: Node | None = None,
+    argv: list[str] | None = None,
 ) -> LaunchAnswer:
     """Write the profile's files and start it under ``backend`` (supervisord: fleet's own,
     installed from the wheel fleet pushes when the host has none). Safe to send again
@@ -121,9 +140,13 @@ def launch(
         "supervisor": backend,
         "launch_id": launch_id,
         "files": supervisor.files(
-            backend, profile, layout, python=python, secrets=units.secrets_file(secrets)
+            backend, profile, layout, python=python, secrets=units.secrets_file(secrets),
+            node=node, argv=argv,
         ),
-    }
+    }  # fmt: skip
+    if node is not None:
+        request["node"] = {"rank": node.rank, "count": node.count, "role": "head" if node.head
+                           else "worker", "address": node.address}  # fmt: skip
     if backend == "supervisord":
         from fleet.wheels import supervisor_wheel
 

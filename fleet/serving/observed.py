@@ -60,6 +60,7 @@ class VllmSeen(_Seen):
     models: dict[str, Any] = Field(default_factory=dict)
     allowlist: dict[str, Any] = Field(default_factory=dict)
     knows: dict[str, bool] = Field(default_factory=dict)
+    offers: dict[str, bool] = Field(default_factory=dict)  # multi-node flags it defines
 
 
 class PortSeen(_Seen):
@@ -110,6 +111,17 @@ class SupervisorSeen(_Seen):
     source: str | None = None
 
 
+class NodeSeen(_Seen):
+    """A node of a server across hosts, as it saw itself and its peers."""
+
+    address: str | None = None
+    address_local: bool | None = None
+    address_error: str | None = None
+    ports: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    peers: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    interface: dict[str, Any] | None = None
+
+
 class PreflightAnswer(_Seen):
     home: str
     python: str = ""
@@ -122,3 +134,4 @@ class PreflightAnswer(_Seen):
     vllm_executable: ExecutableSeen = Field(default_factory=ExecutableSeen)
     server: ServerSeen = Field(default_factory=ServerSeen)
     supervisors: dict[str, SupervisorSeen] = Field(default_factory=dict)
+    node: NodeSeen = Field(default_factory=NodeSeen)

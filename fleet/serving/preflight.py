@@ -115,23 +115,29 @@ def _first_arch(config: dict[str, Any]) -> str | None:
 
 
 def gpus_fit(seen: Seen) -> list[Diagnosis]:
-    """GPUs visible, as many as the tensor parallel size, each with the free memory the
-    profile's gpu_memory_utilization asks for."""
+    """GPUs visible, as many as this host's ranks (tp x pp, or its share over several
+    nodes), each with the free memory the profile's gpu_memory_utilization asks for."""
     gpus, status, error = seen.gpu_part
-    tp = seen.profile.tensor_parallel_size
+    profile = seen.profile
+    tp = profile.tensor_parallel_size
+    need = profile.gpus_per_node
     if not gpus:
         why = "nvidia-smi is not installed" if status == "missing" else (error or "no GPU")
         return [seen.found("no-gpu-visible", [why], gpus=0, tp=tp)]
-    if len(gpus) < tp:
+    if len(gpus) < need:
+        sizes = f"--tensor-parallel-size {tp}"
+        if profile.pipeline_parallel_size > 1 or profile.nodes > 1:
+            sizes += (f" x --pipeline-parallel-size {profile.pipeline_parallel_size}"
+                      f" over {profile.nodes} node(s)")  # fmt: skip
         return [
             seen.found(
-                "tp-size-invalid", [f"{len(gpus)} GPUs visible, --tensor-parallel-size {tp}"],
+                "tp-size-invalid", [f"{len(gpus)} GPUs visible, {sizes}"],
                 tp=tp, gpus=len(gpus),
-                message=f"tensor_parallel_size={tp} needs {tp} GPUs, the host has {len(gpus)}",
+                message=f"{sizes} needs {need} GPUs on this host, it has {len(gpus)}",
             )
         ]  # fmt: skip
     util = seen.profile.gpu_memory_utilization
-    for gpu in gpus[:tp]:
+    for gpu in gpus[:need]:
         total = gpu.memory_total_mib or 0
         used = gpu.memory_used_mib or 0
         free = total - used

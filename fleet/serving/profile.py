@@ -15,12 +15,15 @@ from __future__ import annotations
 import re
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleet.errors import UsageError
 from fleet.paths import playbooks_dir
+
+if TYPE_CHECKING:
+    from fleet.serving.multinode import Node
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -109,6 +112,29 @@ class Profile(_Model):
         "when its engine dies after start-up, so exit 0 counts as a failure too).",
     )
     stop_grace_s: float = Field(default=30.0, gt=0, le=600)
+    # -- one model across several hosts (fleet.serving.multinode)
+    nodes: int = Field(default=1, ge=1, le=64, description="Hosts one server spans.")
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=64)
+    distributed_backend: Literal["mp", "ray"] | None = Field(
+        default=None,
+        description="vLLM's --distributed-executor-backend across nodes: mp (vLLM's own "
+        "multi-node, 0.11.1+: --nnodes/--node-rank/--headless) or ray (a Ray cluster fleet "
+        "starts on the nodes). Required when nodes > 1.",
+    )
+    master_port: int = Field(default=29501, ge=1, le=65535, description="mp: torch's rendezvous.")
+    ray_port: int = Field(default=6379, ge=1, le=65535, description="ray: the head's GCS port.")
+    vllm_port_base: int | None = Field(
+        default=None,
+        ge=1024,
+        le=65000,
+        description="VLLM_PORT on every node: the head's extra sockets from this port on "
+        "(a range the firewall allows), instead of random ports.",
+    )
+    node_interface: str | None = Field(
+        default=None,
+        description="The network interface nodes talk over: GLOO_SOCKET_IFNAME and "
+        "NCCL_SOCKET_IFNAME on every node.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -137,6 +163,32 @@ class Profile(_Model):
                 raise ValueError("--api-key belongs in the secrets env file (VLLM_API_KEY)")
         return value
 
+    @model_validator(mode="after")
+    def _parallel(self) -> Profile:
+        if self.nodes > 1 and self.distributed_backend is None:
+            raise ValueError(
+                "nodes > 1 needs distributed_backend: mp or ray (vLLM 0.11.1+ no longer "
+                "picks Ray by itself)"
+            )
+        if self.world_size % self.nodes:
+            raise ValueError(
+                f"tensor_parallel_size x pipeline_parallel_size ({self.world_size}) must "
+                f"split evenly over {self.nodes} nodes"
+            )
+        if self.node_interface is not None and not re.fullmatch(
+            r"[\w.:-]{1,15}", self.node_interface
+        ):
+            raise ValueError(f"node_interface {self.node_interface!r} is not an interface name")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.world_size // self.nodes
+
     def vllm_executable(self, python: str) -> str:
         """``vllm`` beside the host's python, unless the profile names one."""
         if self.vllm:
@@ -149,8 +201,9 @@ class Profile(_Model):
 
         return json.dumps(self.speculative.model_dump(exclude_none=True), separators=(",", ":"))
 
-    def vllm_args(self) -> list[str]:
-        """``vllm serve`` arguments, as vLLM's argparse reads them."""
+    def vllm_args(self, node: Node | None = None) -> list[str]:
+        """``vllm serve`` arguments, as vLLM's argparse reads them (``node``: this host's
+        part of a server across several hosts)."""
         args = [
             self.model,
             "--served-model-name",
@@ -170,6 +223,10 @@ class Profile(_Model):
             args += ["--max-model-len", str(self.max_model_len)]
         if self.trust_remote_code:
             args.append("--trust-remote-code")
+        if self.pipeline_parallel_size > 1:
+            args += ["--pipeline-parallel-size", str(self.pipeline_parallel_size)]
+        if node is not None:
+            args += node.vllm_args(self)
         return [*args, *self.extra_args]
 
 

@@ -89,6 +89,10 @@ class ServeResult:
     notes: list[str] = field(default_factory=list)
     follow: dict[str, Any] = field(default_factory=dict)
     link: dict[str, Any] = field(default_factory=dict)
+    group: str | None = None  # a server across hosts: its head, this node's rank and role
+    rank: int | None = None
+    role: str | None = None
+    failed_node: str | None = None
 
     def verdict(self) -> Verdict:
         if self.outcome == "ready":
@@ -120,7 +124,13 @@ class ServeResult:
             "notes": self.notes,
             "follow": self.follow,
             "link": self.link,
-        }
+            **(
+                {"group": self.group, "rank": self.rank, "role": self.role,
+                 "failed_node": self.failed_node}
+                if self.group is not None
+                else {}
+            ),
+        }  # fmt: skip
 
 
 def endpoint(host: HostSpec, profile: Profile) -> str:

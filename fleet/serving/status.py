@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from fleet.transport import Runner
 
 RUNNING = ("RUNNING", "STARTING", "BACKOFF")
+# a worker node (no HTTP of its own) whose log went past these is done loading its ranks
+WORKER_DONE = ("kv-cache", "cuda-graphs", "api-server", "ready")
 CRASHED = ("EXITED", "FATAL", "UNKNOWN")
 
 
@@ -36,9 +38,11 @@ class ProfileReport:
     acceptance_rate: float | None = None
     mean_acceptance_length: float | None = None
     supervisor_state: str | None = None
+    node: dict[str, Any] | None = None  # a server across hosts: this host's rank and role
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({"node": self.node} if self.node else {}),
             "state": self.state,
             "phase": self.phase,
             "percent": self.percent,
@@ -62,7 +66,11 @@ def report_of(name: str, entry: host_calls.ProfileStatus, address: str) -> Profi
     progress = tracker.progress
     port = entry.launch.get("port")
     started = entry.launch.get("started_at")
-    out = ProfileReport(name=name, state="stopped", phase=progress.phase, supervisor_state=sup)
+    node = entry.launch.get("node")
+    out = ProfileReport(
+        name=name, state="stopped", phase=progress.phase, supervisor_state=sup,
+        node=node if isinstance(node, dict) else None,
+    )  # fmt: skip
     if sup in RUNNING:
         out.pid = entry.program.pid
         if isinstance(started, int | float):
@@ -70,6 +78,9 @@ def report_of(name: str, entry: host_calls.ProfileStatus, address: str) -> Profi
         if entry.health == 200:
             out.state, out.phase = "ready", "ready"
             out.endpoint = f"http://{address}:{port}" if port else None
+        elif out.node and out.node.get("role") == "worker" and progress.phase in WORKER_DONE:
+            # a worker of a server across hosts serves no HTTP: its ranks are loaded
+            out.state = "ready"
         else:
             out.state = "starting" if progress.phase == "starting" else "loading"
             out.percent = progress.percent
@@ -117,8 +128,13 @@ class StopReport:
 def stop_host(conn: Runner, host: HostSpec, profile_name: str) -> StopReport:
     from fleet.serving.profile import for_host
 
-    grace = for_host(profile_name, host).stop_grace_s
+    profile = for_host(profile_name, host)
+    grace = profile.stop_grace_s
     answer = host_calls.stop(conn, profile_name, timeout=grace + 30)
+    if profile.distributed_backend == "ray":  # this host's Ray node of the server
+        from fleet.serving.multinode import RAY_SUFFIX
+
+        host_calls.stop(conn, profile_name + RAY_SUFFIX, timeout=grace + 30)
     gpus, _status, _error = parse_gpu_part(answer.gpus)
     used = [g.memory_used_mib for g in gpus if g.memory_used_mib is not None]
     return StopReport(

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from fleet.serving import units
 
 if TYPE_CHECKING:
+    from fleet.serving.multinode import Node
     from fleet.serving.observed import SupervisorSeen
     from fleet.serving.profile import Profile
 
@@ -57,16 +58,28 @@ def choose(wanted: str, offered: Mapping[str, SupervisorSeen]) -> Choice:
 
 
 def files(
-    backend: Backend, profile: Profile, layout: units.Layout, *, python: str, secrets: str
+    backend: Backend,
+    profile: Profile,
+    layout: units.Layout,
+    *,
+    python: str,
+    secrets: str,
+    node: Node | None = None,
+    argv: list[str] | None = None,
 ) -> dict[str, str]:
-    """What the backend writes on the host, by the name the on-host script knows."""
+    """What the backend writes on the host, by the name the on-host script knows
+    (``node``: this host's part of a server across hosts; ``argv``: a program other than
+    vLLM, the Ray node of such a server)."""
     out = {"secrets.env": secrets}
     if backend == "systemd":
-        out["launch.sh"] = units.launch_script(profile, layout, python=python)
+        out["launch.sh"] = units.launch_script(profile, layout, python=python, node=node,
+                                               argv=argv)  # fmt: skip
         out["unit"] = units.systemd_unit(profile, layout)
         return out
     # under supervisord vLLM dies with its supervisor (no unsupervised orphan on the GPUs)
-    out["launch.sh"] = units.launch_script(profile, layout, python=python, die_with_parent=True)
+    out["launch.sh"] = units.launch_script(
+        profile, layout, python=python, die_with_parent=True, node=node, argv=argv
+    )
     out["program.conf"] = units.program_conf(profile, layout)
     out["supervisord.conf"] = units.supervisord_conf(layout)
     return out

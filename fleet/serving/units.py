@@ -29,6 +29,7 @@ from fleet.transport import shell
 if TYPE_CHECKING:
     from jinja2 import Environment
 
+    from fleet.serving.multinode import Node
     from fleet.serving.profile import Profile
 
 # vLLM started through this guard gets SIGTERM when its parent (the supervisor) dies:
@@ -102,9 +103,16 @@ def systemd_text(value: object) -> str:
 
 
 def launch_script(
-    profile: Profile, layout: Layout, *, python: str, die_with_parent: bool = False
+    profile: Profile,
+    layout: Layout,
+    *,
+    python: str,
+    die_with_parent: bool = False,
+    node: Node | None = None,
+    argv: list[str] | None = None,
 ) -> str:
-    """``launch.sh``: source the secrets, export the profile's environment, exec vLLM
+    """``launch.sh``: source the secrets, export the profile's environment (and ``node``'s,
+    for a server across hosts), exec vLLM (or ``argv``: the Ray node of such a server)
     (with ``die_with_parent``, through the host's python so that vLLM ends when the
     supervisor that started it dies: no server is left on the GPUs unsupervised)."""
     lines: list[shell.Fragment | shell.Raw] = [
@@ -116,9 +124,13 @@ def launch_script(
         shell.Raw("[ -f ./secrets.env ] && . ./secrets.env"),
         shell.Raw("set +a"),
     ]
-    for name, value in sorted(profile.env.items()):
+    env = dict(profile.env)
+    if node is not None:
+        env.update(node.env(profile))  # this node's address, ports, interface, timeouts
+    for name, value in sorted(env.items()):
         lines.append(shell.script("export {{kv}}", kv=shell.assignment(name, value)))
-    argv = [profile.vllm_executable(python), "serve", *profile.vllm_args()]
+    if argv is None:
+        argv = [profile.vllm_executable(python), "serve", *profile.vllm_args(node)]
     if die_with_parent:
         lines.append(shell.Raw('FLEET_SUPERVISOR_PID="$PPID"; export FLEET_SUPERVISOR_PID'))
         argv = [python, "-c", DIE_WITH_PARENT, *argv]

@@ -1206,6 +1206,64 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain", "truncated"),
     ),
     Scenario(
+        "node-mismatch",
+        "node-mismatch",
+        "fleet serve group preflight marker (fleet.diagnosis.markers)",
+        where="lines",
+        wrapper=False,
+        lines=["[fleet] node-mismatch what=patched-files head=b200-01"],
+        shapes=("plain",),
+    ),
+    Scenario(
+        "multinode-unsupported",
+        "multinode-unsupported",
+        "fleet serve group preflight marker (fleet.diagnosis.markers)",
+        where="lines",
+        wrapper=False,
+        lines=["[fleet] multinode-unsupported version=0.11.0"],
+        shapes=("plain",),
+    ),
+    Scenario(
+        "node-unreachable",
+        "node-unreachable",
+        "fleet serve group preflight marker (fleet.diagnosis.markers)",
+        where="lines",
+        wrapper=False,
+        lines=["[fleet] node-unreachable node=b200-02 source=b200-01"],
+        shapes=("plain",),
+    ),
+    Scenario(
+        "gloo-interface",
+        "network-interface-wrong",
+        "PyTorch gloo transport, vLLM docs usage/troubleshooting.md (Incorrect network setup)",
+        exc=[
+            "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error"
+        ],
+        frames=[
+            F(
+                "vllm/distributed/parallel_state.py",
+                1414,
+                "init_distributed_environment",
+                "torch.distributed.init_process_group(",
+            ),
+        ],
+        where="worker",
+        shapes=("v1", "plain"),
+    ),
+    Scenario(
+        "ray-duplicate-ip",
+        "node-ip-duplicate",
+        "vllm/v1/executor/ray_executor.py _init_workers_ray (0.10.2-0.33.0)",
+        exc=[
+            "RuntimeError: Every node should have a unique IP address. Got 2 nodes with node ids ['a1', 'b2'] and 1 unique IP addresses {'10.0.0.5'}. Please check your network configuration. If you set `VLLM_HOST_IP` environment variable, make sure it is unique for each node."
+        ],
+        frames=[
+            F("vllm/v1/executor/ray_executor.py", 308, "_init_workers_ray", "raise RuntimeError("),
+        ],
+        where="core",
+        shapes=("v1", "plain"),
+    ),
+    Scenario(
         "supervisor-died",
         "supervisor-died",
         "fleet serve supervisor marker (fleet.diagnosis.markers)",
