@@ -90,6 +90,7 @@ class SandboxFactory:
         pinned: bool = True,
         load_seconds: float = DEFAULT_LOAD_SECONDS,
         name: str = "sandbox",
+        **options: Any,
     ) -> Sandbox:
         directory = self._tmp.mktemp(name)
         box = Sandbox.up(
@@ -98,6 +99,7 @@ class SandboxFactory:
             versions=list(vllm),
             load_seconds=load_seconds,
             pinned=pinned,
+            **options,
         )
         self.started.append(box)
         self.host_count += hosts

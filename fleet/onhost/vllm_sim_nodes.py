@@ -223,7 +223,7 @@ class SimNodes:
             sim.say_ray("ray_pg_wait", (int(waited), specs))
             interval *= 2
 
-        @ray.remote(num_gpus=1)
+        @ray.remote(num_gpus=1, num_cpus=0)
         class SimRank:
             def ip(self) -> str:
                 return ray.util.get_node_ip_address()

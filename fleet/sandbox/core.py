@@ -207,6 +207,7 @@ class Sandbox:
         no_supervisor: Sequence[str] = (),
         systemd: Sequence[str] = (),
         distinct_addresses: bool = False,
+        ray: bool = False,
     ) -> Sandbox:
         """Start ``hosts`` rehearsal hosts, vLLM versions round-robin; write the inventory.
 
@@ -216,6 +217,8 @@ class Sandbox:
         privileged-enough container with the host's cgroup tree; sshd runs as its unit).
         ``distinct_addresses``: every host on a loopback address of its own (127.0.0.11,
         .12, ...) instead of all on 127.0.0.1, as the nodes of a server across hosts need.
+        ``ray``: the real Ray in every host's environment (local backend; fleet's cached
+        install, ``fleet.sandbox.ray_env``), for ``distributed_backend: ray``.
         """
         say = progress or (lambda _msg: None)
         model.validate_hosts(hosts)
@@ -229,6 +232,8 @@ class Sandbox:
         kind = backend or default_backend()
         if systemd and kind != "docker":
             raise UsageError("systemd hosts need the docker backend (a container boots it)")
+        if ray and kind != "local":
+            raise UsageError("Ray on rehearsal hosts needs the local backend")
         sandbox = cls(directory)
         impl = make_backend(kind, sandbox.dir, current_user())
         user = impl.login_user
@@ -274,6 +279,7 @@ class Sandbox:
                         "gpu_count": 8,
                         "supervisor": host.name not in no_supervisor,
                         "init": "systemd" if host.name in systemd else "sshd",
+                        "ray": ray,
                     }
                     impl.prepare(host, trees[host.vllm], client_pub, info)
 

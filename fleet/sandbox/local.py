@@ -493,6 +493,10 @@ def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:
         if item.name == "vllm" or item.name.endswith(".dist-info"):
             shutil.copytree(item, site / item.name, dirs_exist_ok=True)
     install_nvidia_smi(home, python=str(env / "bin" / "python"))
+    if info.get("ray"):
+        from fleet.sandbox.ray_env import install_ray
+
+        install_ray(env, str(env / "bin" / "python"))
     install_vllm(env, python=str(env / "bin" / "python"))
     build_models(home)
     write_text_atomic(home / ".fleet-sandbox" / "host.json", json.dumps(info, indent=2) + "\n")

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from fleet.diagnosis.factory import diagnosis
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Events = Callable[[dict[str, Any]], None]
+DEAD_GRACE_S = 3.0  # after the first node fails: a worker that died too is the one named
 RAY_JOIN_S = 120.0  # every node's raylet registered with the head's GCS within this
 ACTIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
 
@@ -227,7 +228,8 @@ class _GroupServe:
                 patch_shas[run.name] = {f.path: f.sha256_before for f in report.files}
 
             self.each(check)
-        self.check = judge_group(self.profile, self.group, answers, patch_shas or None)
+        profiles = {run.name: run.profile for run in self.runs}
+        self.check = judge_group(self.profile, self.group, answers, patch_shas or None, profiles)
         for run in self.runs:
             run.diagnoses += self.check.diagnoses.get(run.name, [])
             self.emit(run, "preflight", ok=not any(d.is_problem for d in run.diagnoses),
@@ -257,10 +259,11 @@ class _GroupServe:
             raise HostRefusal(f"{run.name}: {choice.reason}", code="supervisor-unavailable")
         run.result.supervisor = choice.backend
         launch_id = _secrets.token_hex(8)
-        profile, argv = run.profile, None
+        profile, argv, node = run.profile, None, run.node
         if ray:
             profile = run.profile.model_copy(update={"name": run.profile.name + RAY_SUFFIX})
             argv = run.node.ray_argv(run.profile, _ray_executable(run))
+            node = replace(run.node, ray_program=True)
         secrets = read_secrets(run.profile)
         self.emit(run, "step", step="launch-ray" if ray else "launch")
         answer = run.link.call(
@@ -268,7 +271,7 @@ class _GroupServe:
             lambda c: host_calls.launch(
                 c, profile, home=run.answer.home, secrets=secrets,  # type: ignore[union-attr]
                 restart=self.options.restart, backend=choice.backend,  # type: ignore[arg-type]
-                launch_id=launch_id, node=run.node, argv=argv,
+                launch_id=launch_id, node=node, argv=argv,
             ),
         )  # fmt: skip
         run.launches.append(answer)
@@ -424,6 +427,8 @@ class _GroupServe:
                 if now - self.started > self.budget:
                     self.all_results(outcome="timeout")
                     break
+            if failing is not None:
+                failing = self.first_dead(failing, followed, events)
         finally:
             for follower in followers:
                 follower.close()
@@ -442,6 +447,43 @@ class _GroupServe:
                               timeout_s=f"{self.budget:.0f}")  # fmt: skip
             self.all_results(diagnoses=[found], message=f"{what} in {tracker.phase}")
             self.stop_all()
+        return failing
+
+    def first_dead(
+        self,
+        failing: NodeRun,
+        followed: list[tuple[NodeRun, host_calls.LaunchAnswer]],
+        events: queue.Queue[tuple[int, bytes | None, bool]],
+    ) -> NodeRun:
+        """A dead node often takes the others with it (the head's collectives fail when a
+        worker dies): a worker whose process ends within the grace after the first failure
+        is the one to name, not the head that reported it."""
+        if failing.member.rank > 0:
+            return failing
+        deadline = time.monotonic() + DEAD_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                index, chunk, ended = events.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            run = followed[index][0]
+            if chunk is None and ended and run.member.rank > 0:
+                return run
+        # no worker's end seen yet: ask their supervisors which program is gone
+        for run, launch in followed:
+            if run.member.rank == 0:
+                continue
+
+            def ask(conn: Runner, name: str = launch.name) -> host_calls.StatusAnswer:
+                return host_calls.status(conn, [name])
+
+            try:
+                answer = run.link.call("status", ask)
+            except Exception:  # an unreachable worker is the likelier culprit still
+                return run
+            entry = answer.profiles.get(launch.name)
+            if entry is None or entry.program.state not in ACTIVE:
+                return run
         return failing
 
     def ready(self) -> None:

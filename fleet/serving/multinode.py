@@ -134,6 +134,7 @@ class Node:
     backend: Backend
     budget_s: float
     offers: Offers = field(default_factory=Offers)
+    ray_program: bool = False  # this node's `ray start` (not vLLM)
 
     @property
     def head(self) -> bool:
@@ -166,8 +167,10 @@ class Node:
             out["NCCL_SOCKET_IFNAME"] = profile.node_interface
         if self.offers.engine_ready_timeout:
             out["VLLM_ENGINE_READY_TIMEOUT_S"] = str(int(self.budget_s))
-        if self.backend == "ray":
+        if self.backend == "ray" and not self.ray_program:
             out["RAY_ADDRESS"] = f"{self.head_address}:{profile.ray_port}"
+        if self.ray_program:
+            out["RAY_USAGE_STATS_ENABLED"] = "0"
         return out
 
     def ray_argv(self, profile: Profile, ray: str) -> list[str]:
@@ -206,11 +209,20 @@ class GroupCheck:
         self.diagnoses.setdefault(host, []).append(found)
 
 
+# what every node's rendered profile must agree on (paths may differ per host)
+SHARED_FIELDS = (
+    "tensor_parallel_size", "pipeline_parallel_size", "nodes", "distributed_backend",
+    "master_port", "ray_port", "vllm_port_base", "node_interface", "served_model_name",
+    "max_model_len", "trust_remote_code",
+)  # fmt: skip
+
+
 def judge_group(
     profile: Profile,
     group: Group,
     answers: dict[str, PreflightAnswer],
     patch_shas: dict[str, dict[str, str | None]] | None = None,
+    profiles: dict[str, Profile] | None = None,
 ) -> GroupCheck:
     """What only the nodes together can tell: the same vLLM and the same patched files on
     every node, GPUs x nodes = the parallel sizes, the backend and the timeouts this vLLM
@@ -223,6 +235,18 @@ def judge_group(
         out.add(host, diagnosis(rule, host=host, evidence=evidence, seen_by="group preflight",
                                 **values))  # fmt: skip
 
+    for member in group.workers:
+        mine = (profiles or {}).get(member.host.name)
+        if mine is None:
+            continue
+        differ = [f for f in SHARED_FIELDS if getattr(mine, f) != getattr(profile, f)]
+        spec = ("method", "num_speculative_tokens", "draft_tensor_parallel_size")
+        if any(getattr(mine.speculative, f) != getattr(profile.speculative, f) for f in spec):
+            differ.append("speculative")  # the drafter's path may differ per host
+        if differ:
+            found(member.host.name, "node-mismatch",
+                  [f"{f}: {getattr(mine, f, None)!r} here, {getattr(profile, f, None)!r} on {head}"
+                   for f in differ], what="profile " + ", ".join(differ), head=head)  # fmt: skip
     versions = {m.host.name: answers[m.host.name].vllm.version for m in group.members}
     if len(set(versions.values())) > 1:
         seen = ", ".join(f"{h} {v}" for h, v in versions.items())

@@ -134,7 +134,9 @@ def stop_host(conn: Runner, host: HostSpec, profile_name: str) -> StopReport:
     if profile.distributed_backend == "ray":  # this host's Ray node of the server
         from fleet.serving.multinode import RAY_SUFFIX
 
-        host_calls.stop(conn, profile_name + RAY_SUFFIX, timeout=grace + 30)
+        ray = host_calls.stop(conn, profile_name + RAY_SUFFIX, timeout=grace + 30)
+        if ray.was_running and not answer.was_running:
+            answer = ray
     gpus, _status, _error = parse_gpu_part(answer.gpus)
     used = [g.memory_used_mib for g in gpus if g.memory_used_mib is not None]
     return StopReport(

@@ -46,6 +46,7 @@ class ServeRun:
     host: str
     args: tuple[str, ...] = ()
     verbose: bool = False
+    profile: str = PROFILE
     events: list[dict[str, Any]] = field(default_factory=list)
     proc: subprocess.Popen[str] | None = None
     _rest: list[str] = field(default_factory=list)
@@ -60,7 +61,7 @@ class ServeRun:
 
     def start(self) -> ServeRun:
         cmd = [*self.box.fleet_argv(), *(["-v"] if self.verbose else []), "--json", "serve",
-               PROFILE, "--host", self.host, "--events", *self.args]  # fmt: skip
+               self.profile, "--host", self.host, "--events", *self.args]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=self.box.fleet_env(),
