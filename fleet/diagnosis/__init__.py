@@ -18,8 +18,8 @@ from fleet.diagnosis.engine import (
     diagnose_numbered,
     diagnose_text,
     diagnoses_exit_code,
-    with_values,
 )
+from fleet.diagnosis.factory import with_values
 from fleet.diagnosis.models import TAXONOMY, Diagnosis, Evidence
 
 __all__ = [

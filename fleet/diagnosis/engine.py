@@ -18,10 +18,9 @@ whose literals occur in the line. Matches are grouped per rule and ranked:
 
 from __future__ import annotations
 
-import math
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import islice
 
@@ -31,12 +30,12 @@ from fleet.diagnosis.catalogue import (
     load_catalogue,
     template_patterns,
 )
+from fleet.diagnosis.factory import build, render
 from fleet.diagnosis.models import (
     ROLE_TIER,
     SEVERITY_ORDER,
     Diagnosis,
     Evidence,
-    Rule,
 )
 from fleet.diagnosis.normalize import (
     Normalized,
@@ -58,7 +57,6 @@ MAX_LINE = 16384  # characters of one logical line that are matched (a 10 MB lin
 MAX_EXCEPTIONS = 2000  # distinct unexplained exception lines remembered
 FOLD_SAMPLE = 5000
 
-_FIELD = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 
 # A traceback frame line; the line after it is source code (``raise ValueError("...`` can
 # quote a message), which is never a message -- but a ``raise``/``assert`` whose exception
@@ -138,90 +136,6 @@ def raise_text(code: str) -> str | None:
         return None
     exc = m.group("exc") or ("AssertionError" if code.lstrip().startswith("assert") else "")
     return f"{exc.rsplit('.', 1)[-1]}: {lit}" if exc else lit
-
-
-# --------------------------------------------------------------------------- templates
-
-
-def _num(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _max_model_len_fit(values: dict[str, str]) -> dict[str, str]:
-    for key in ("estimated_max_len", "kv_tokens"):
-        n = _num(values.get(key))
-        if n is not None and n > 0:
-            return {"fit_len": str(int(n))}
-    return {}
-
-
-def _gpu_util_fit(values: dict[str, str]) -> dict[str, str]:
-    free, total = _num(values.get("free")), _num(values.get("total"))
-    if free is None or not total:
-        return {}
-    fit = math.floor((free / total) * 100 - 1) / 100
-    return {"util_fit": f"{max(fit, 0.05):.2f}"}
-
-
-def _tp_fit(values: dict[str, str]) -> dict[str, str]:
-    heads, tp, gpus = _num(values.get("heads")), _num(values.get("tp")), _num(values.get("gpus"))
-    limit = tp if tp is not None else gpus
-    if gpus is not None and limit is not None:
-        limit = min(limit, gpus)
-    if limit is None or limit < 1:
-        return {}
-    if heads is None:
-        return {"tp_fit": str(int(limit))} if gpus is not None else {}
-    best = max(d for d in range(1, int(limit) + 1) if int(heads) % d == 0)
-    return {"tp_fit": str(best)}
-
-
-DERIVATIONS: dict[str, Callable[[dict[str, str]], dict[str, str]]] = {
-    "max_model_len_fit": _max_model_len_fit,
-    "gpu_util_fit": _gpu_util_fit,
-    "tp_fit": _tp_fit,
-}
-
-
-def _fill(templates: list[str], values: dict[str, str]) -> str | None:
-    """The first template whose every field has a value."""
-    for tmpl in templates:
-        names = _FIELD.findall(tmpl)
-        if all(values.get(n) not in (None, "") for n in names):
-            return _FIELD.sub(lambda m: values[m.group(1)], tmpl)
-    return None
-
-
-def render(rule: Rule, values: dict[str, str]) -> tuple[str, str | None, dict[str, str]]:
-    """(summary, fix, values with derivations) for a rule and captured values.
-
-    Captured values come from log lines, so everything returned is passed through
-    :func:`fleet.redact.redact_text` (an API key in a message never reaches the output)."""
-    vals = {k: redact_text(v) for k, v in values.items()}
-    for name in rule.derive:
-        fn = DERIVATIONS.get(name)
-        if fn is not None:
-            for k, v in fn(vals).items():
-                vals.setdefault(k, v)
-    summary = redact_text(_fill(rule.summary, vals) or rule.title)
-    fix = _fill(rule.fix, vals) if rule.fix else None
-    return summary, redact_text(fix) if fix else fix, vals
-
-
-def with_values(
-    diag: Diagnosis, catalogue: CompiledCatalogue | None = None, **extra: str
-) -> Diagnosis:
-    """Re-render a diagnosis with more values (e.g. the process holding a port, the host)."""
-    cat = catalogue or load_catalogue()
-    rule = cat.rules[diag.id]
-    values = {**diag.values, **{k: v for k, v in extra.items() if v is not None}}
-    summary, fix, vals = render(rule, values)
-    return diag.model_copy(update={"summary": summary, "fix": fix, "values": vals})
 
 
 # --------------------------------------------------------------------------- engine state
@@ -837,13 +751,10 @@ class Engine:
             role, confidence = "unrecognized", "low"
         else:
             role, confidence = best.pattern.role, best.pattern.confidence
-        return Diagnosis(
-            id=rule.id,
+        return build(
+            rule,
             severity=best.severity,
-            title=rule.title,
             summary=summary,
-            root_cause=rule.root_cause.strip(),
-            remedy=rule.remedy.strip(),
             fix=fix,
             evidence=evidence,
             context=context,

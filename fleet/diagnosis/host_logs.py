@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleet.diagnosis.catalogue import CompiledCatalogue, load_catalogue
-from fleet.diagnosis.engine import Engine, diagnose_numbered, with_values
+from fleet.diagnosis.engine import Engine, diagnose_numbered
+from fleet.diagnosis.factory import with_values
 from fleet.diagnosis.models import SEVERITY_ORDER, Diagnosis
 from fleet.errors import OperationFailed, UsageError
 from fleet.redact import redact_text

@@ -11,6 +11,7 @@ launcher run by the host's own python. Where Ray cannot be installed (no package
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -19,7 +20,6 @@ from pathlib import Path
 
 from fleet.errors import OperationFailed
 from fleet.paths import cache_dir
-from fleet.sandbox.local import write_text_atomic
 from fleet.wheels import locked, pip_error
 
 RAY = "ray==2.60.0"
@@ -50,12 +50,20 @@ def ray_site() -> Path:
     return Path(site)
 
 
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
 def install_ray(env: Path, python: str) -> None:
     """Make ``ray`` importable in the host environment ``env`` and ``env/bin/ray`` run it."""
     site = ray_site()
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
-    write_text_atomic(purelib / PTH, f"{site}\n")
-    write_text_atomic(
+    _write(purelib / PTH, f"{site}\n")
+    _write(
         env / "bin" / "ray",
         f"#!{python}\n# fleet sandbox: the real Ray from fleet's cache ({RAY})\n"
         "import sys\nfrom ray.scripts.scripts import main\nsys.exit(main())\n",

@@ -287,3 +287,49 @@ if __name__ == "__main__":
     graph = _package_edges(import_graph())
     print(f"{len(graph)} modules, {sum(map(len, graph.values()))} import edges")
     print("cycles:", cycles(graph) or "none")
+
+
+# The packages of fleet, lowest first: a package imports only packages before it (no
+# back-edge: the pure core never reaches up into serving or the CLI).
+LAYERS = (
+    "errors", "redact", "paths", "safeyaml", "inventory", "transport", "onhost", "facts",
+    "source", "patching", "diagnosis", "wheels", "serving", "sandbox", "cli", "console",
+    "__main__",
+)  # fmt: skip
+
+
+def package_edges() -> set[tuple[str, str]]:
+    def package(module: str) -> str:
+        return module.split(".")[1] if module.count(".") >= 1 else module
+
+    return {
+        (package(a), package(b))
+        for a, targets in import_graph().items()
+        for b in targets
+        if package(a) != package(b) and package(b) != "fleet"
+    }
+
+
+def test_no_package_imports_a_package_above_it() -> None:
+    edges = package_edges()
+    unknown = sorted({p for edge in edges for p in edge} - set(LAYERS))
+    assert not unknown, f"add these packages to LAYERS: {unknown}"
+    back = sorted((a, b) for a, b in edges if LAYERS.index(b) > LAYERS.index(a))
+    assert not back, f"imports against the layers: {back}"
+
+
+def test_one_diagnosis_factory() -> None:
+    """Every Diagnosis is built by fleet.diagnosis.factory (the engine's findings and
+    fleet's own observations alike)."""
+    makers = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("diagnosis/factory.py", "diagnosis/models.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+                if name == "Diagnosis":
+                    makers.append(f"{rel}:{node.lineno}")
+    assert not makers, f"Diagnosis built outside fleet/diagnosis/factory.py: {makers}"
