@@ -100,13 +100,19 @@ BUNDLE_CACHE_FORMAT = 2
 DIGEST_NAME = "__fleet_bundle__"
 
 
+def module_file(name: str) -> str:
+    """``vllm_tree`` -> ``vllm_tree.py``; a module of a room below fleet.onhost
+    (``rehearsal.vllm_sim``) -> ``rehearsal/vllm_sim.py``."""
+    return name.replace(".", "/") + ".py"
+
+
 def _source(name: str) -> str:
-    path = ONHOST_DIR / f"{name}.py"
+    path = ONHOST_DIR / module_file(name)
     if path.is_file():
         return path.read_text("utf-8")
     from importlib import resources  # a package not stored as plain files (a zip)
 
-    return resources.files(PACKAGE).joinpath(f"{name}.py").read_text("utf-8")
+    return resources.files(PACKAGE).joinpath(module_file(name)).read_text("utf-8")
 
 
 def _imports(tree: ast.Module) -> list[tuple[str, int, int]]:
@@ -169,8 +175,8 @@ def _check_annotations_only(module: str, tree: ast.Module, names: set[str]) -> N
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id in names and id(node) not in inside:
             raise RuntimeError(
-                f"fleet/onhost/{module}.py:{node.lineno}: {node.id!r} from typing is used "
-                "outside an annotation; the host never imports typing"
+                f"fleet/onhost/{module_file(module)}:{node.lineno}: {node.id!r} from typing is "
+                "used outside an annotation; the host never imports typing"
             )
 
 
@@ -234,7 +240,7 @@ def bundle(name: str) -> Bundle:
 
 
 def _stamp(module: str) -> list[Any] | None:
-    path = ONHOST_DIR / f"{module}.py"
+    path = ONHOST_DIR / module_file(module)
     try:
         st = path.stat()
     except OSError:
@@ -323,7 +329,7 @@ def _build(name: str) -> Bundle:
         )
     parts = [LAZY_MODULE, *(f"{m} = _FleetModule({m!r})\n" for m in lazy)] if lazy else []
     for module in order:
-        parts.append(f"\n# ---- fleet/onhost/{module}.py ----\n")
+        parts.append(f"\n# ---- fleet/onhost/{module_file(module)} ----\n")
         parts.append(texts[module])
     body = "".join(parts)
     digest = hashlib.sha256((PROLOGUE + body).encode("utf-8")).hexdigest()
@@ -588,7 +594,7 @@ def executable(name: str, entry: str, python: str) -> str:
     """An executable on-host program: a first line that runs the host's ``python``, the
     bundle of ``fleet/onhost/<name>.py`` and ``raise SystemExit(<entry>(sys.argv[1:]))``.
 
-    Used for the rehearsal ``<env>/bin/vllm`` (``executable("vllm_sim", "main", PY)``);
+    Used for the rehearsal ``<env>/bin/vllm`` (``executable("rehearsal.vllm_sim", "main", PY)``);
     the envelope machinery is not involved (the program talks like the tool it stands in
     for). A plain ``#!PY`` when the kernel can run it; for an interpreter path with
     whitespace or longer than a shebang may be, the ``/bin/sh`` trampoline pip writes in

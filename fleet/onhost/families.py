@@ -1,5 +1,5 @@
 # vLLM version families: the one table that the phase tracker (fleet/serving/phases.py),
-# the rehearsal vLLM (fleet/onhost/vllm_sim_src.py), the patch-set manifests (a named
+# the rehearsal vLLM (fleet/onhost/rehearsal/vllm_sim_src.py), the patch-set manifests (a named
 # range in `versions:`) and the tests (tests/versions.py) read. Shipped (stdlib only):
 # the rehearsal vLLM reads it on the host.
 #

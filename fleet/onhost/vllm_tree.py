@@ -26,30 +26,30 @@ EAGLE3_CLASSES = (
 ALLOWLIST_MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "kimi_k25")
 
 
-def _dotted(node: ast.expr) -> Optional[str]:
+def dotted_name(node: ast.expr) -> Optional[str]:
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):
-        left = _dotted(node.value)
+        left = dotted_name(node.value)
         return None if left is None else left + "." + node.attr
     if isinstance(node, ast.Subscript):  # Generic[T], Protocol[T]
-        return _dotted(node.value)
+        return dotted_name(node.value)
     return None
 
 
-def _module_classes(body: List[ast.stmt]) -> Iterator[ast.ClassDef]:
+def module_class_nodes(body: List[ast.stmt]) -> Iterator[ast.ClassDef]:
     # classes at module level, including those inside module-level if/try blocks
     for node in body:
         if isinstance(node, ast.ClassDef):
             yield node
         elif isinstance(node, ast.If):
-            for sub in _module_classes(node.body + node.orelse):
+            for sub in module_class_nodes(node.body + node.orelse):
                 yield sub
         elif isinstance(node, ast.Try):
             handlers: List[ast.stmt] = []
             for handler in node.handlers:
                 handlers.extend(handler.body)
-            for sub in _module_classes(node.body + handlers + node.orelse + node.finalbody):
+            for sub in module_class_nodes(node.body + handlers + node.orelse + node.finalbody):
                 yield sub
 
 
@@ -57,7 +57,7 @@ def classes_of(source: str) -> Dict[str, Any]:
     """{class name: {"line", "bases", "methods", "attributes"}} of a module's source."""
     tree = parse_python(source)
     classes: Dict[str, Any] = {}
-    for node in _module_classes(tree.body):
+    for node in module_class_nodes(tree.body):
         methods: List[str] = []
         attributes: List[str] = []
         for item in node.body:
@@ -69,7 +69,7 @@ def classes_of(source: str) -> Dict[str, Any]:
                 attributes.append(item.target.id)
         classes[node.name] = {
             "line": node.lineno,
-            "bases": [_dotted(b) or "<expr>" for b in node.bases],
+            "bases": [dotted_name(b) or "<expr>" for b in node.bases],
             "methods": methods,
             "attributes": attributes,
         }
@@ -200,7 +200,7 @@ def file_digests(package_dir: str, cache: Optional[DerivedCache] = None) -> Dict
     return out
 
 
-def _string_list(node: Optional[ast.expr]) -> Optional[List[str]]:
+def string_list(node: Optional[ast.expr]) -> Optional[List[str]]:
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         items = []
         for elt in node.elts:
@@ -224,7 +224,7 @@ def file_allowlists(path: str) -> List[Dict[str, Any]]:
         for target in targets:
             if isinstance(target, ast.Name) and target.id in ALLOWLIST_NAMES:
                 found.append(
-                    {"name": target.id, "line": node.lineno, "entries": _string_list(node.value)}
+                    {"name": target.id, "line": node.lineno, "entries": string_list(node.value)}
                 )
     return found
 
@@ -244,7 +244,7 @@ def allowlists(package_dir: str, cache: Optional[DerivedCache] = None) -> Dict[s
     return {"searched": searched, "found": found}
 
 
-def _short_name(base: str) -> str:
+def short_name(base: str) -> str:
     return base.rsplit(".", 1)[-1]
 
 
@@ -279,7 +279,7 @@ def eagle3_support(classes: Dict[str, Any], name: str, file: str = "") -> Dict[s
         seen.add(cls)
         path = [*path, cls] if len(path) < 64 else [*path[:63], "...", cls]
         bases = bases_of(cls)
-        if any(_short_name(b) == EAGLE3_INTERFACE for b in bases):
+        if any(short_name(b) == EAGLE3_INTERFACE for b in bases):
             chain = path
             break
         stack.extend((b, path) for b in reversed(bases) if "." not in b and b in table)
@@ -346,669 +346,3 @@ def judge_allowlist(raw: Dict[str, Any]) -> Dict[str, Any]:
 def admits(entries: Optional[List[str]], model_type: str) -> bool:
     """Whether an allowlist lets `model_type` through (vLLM's substring test)."""
     return bool(entries) and any(str(e) in model_type for e in entries or [])
-
-
-# ---- reading the installed source for the rehearsal vLLM (fleet/onhost/vllm_sim*.py) ----
-#
-# The simulated `vllm serve` prints each line with the format string and the call-start
-# line number of the installed tree (so a patched or newer tree prints its own
-# `[file.py:line]`), builds tracebacks from the real source lines, and decides what fails
-# from the installed registry, config classes and proposer code. Everything below reads
-# files with `ast`; parsed files are cached by (mtime, size).
-
-LOG_METHODS = (
-    "debug",
-    "info",
-    "warning",
-    "error",
-    "exception",
-    "critical",
-    "info_once",
-    "warning_once",
-    "debug_once",
-)
-LOG_LEVELS = {
-    "debug": "DEBUG",
-    "debug_once": "DEBUG",
-    "info": "INFO",
-    "info_once": "INFO",
-    "warning": "WARNING",
-    "warning_once": "WARNING",
-    "error": "ERROR",
-    "exception": "ERROR",
-    "critical": "CRITICAL",
-}
-
-_TREE_CACHE: Dict[str, Any] = {}
-
-
-class SourceFile:
-    """One parsed source file: its text, lines, tree and the functions it defines."""
-
-    def __init__(self, path: str, text: str) -> None:
-        self.path = path
-        self.text = text
-        self.lines = text.splitlines()
-        self.tree = parse_python(text)
-        self.functions: List[Any] = []  # (qualified name, node)
-        self.log_cache: Optional[List[Dict[str, Any]]] = None
-        self._walk(self.tree.body, "")
-
-    def _walk(self, body: List[ast.stmt], prefix: str) -> None:
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                name = prefix + node.name
-                self.functions.append((name, node))
-                self._walk(node.body, name + ".")
-            elif isinstance(node, ast.ClassDef):
-                self._walk(node.body, prefix + node.name + ".")
-            elif isinstance(node, (ast.If, ast.Try, ast.With)):
-                inner: List[ast.stmt] = list(node.body)
-                inner += list(getattr(node, "orelse", []) or [])
-                for handler in getattr(node, "handlers", []) or []:
-                    inner += list(handler.body)
-                inner += list(getattr(node, "finalbody", []) or [])
-                self._walk(inner, prefix)
-
-    def function(self, name: str) -> Optional[Any]:
-        """The first function whose qualified name is `name` or ends with `.name`."""
-        for qual, node in self.functions:
-            if qual == name or qual.endswith("." + name):
-                return node
-        return None
-
-    def enclosing(self, line: int) -> str:
-        """The qualified name of the innermost function holding `line` ('' at module level)."""
-        best = ""
-        best_span = None
-        for qual, node in self.functions:
-            end = getattr(node, "end_lineno", None) or node.lineno
-            if node.lineno <= line <= end:
-                span = end - node.lineno
-                if best_span is None or span <= best_span:
-                    best, best_span = qual, span
-        return best
-
-    def line(self, number: int) -> str:
-        return self.lines[number - 1] if 0 < number <= len(self.lines) else ""
-
-    def segment(self, node: ast.AST) -> str:
-        """The source text of `node` (like ast.get_source_segment, without re-splitting
-        the whole file on every call; offsets are UTF-8 byte columns)."""
-        start = getattr(node, "lineno", None)
-        end = getattr(node, "end_lineno", None)
-        col = getattr(node, "col_offset", None)
-        end_col = getattr(node, "end_col_offset", None)
-        if start is None or end is None or col is None or end_col is None:
-            return ""
-        rows = [self.line(n).encode("utf-8") for n in range(start, end + 1)]
-        if len(rows) == 1:
-            return rows[0][col:end_col].decode("utf-8", "replace")
-        rows[0] = rows[0][col:]
-        rows[-1] = rows[-1][:end_col]
-        return b"\n".join(rows).decode("utf-8", "replace")
-
-
-def source_file(package_dir: str, rel: str) -> Optional[SourceFile]:
-    """The parsed file `rel` of the vllm package, or None (missing or unparsable)."""
-    path = os.path.join(package_dir, *rel.split("/"))
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    key = (stat.st_mtime_ns, stat.st_size)
-    cached = _TREE_CACHE.get(path)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    try:
-        with open(path, encoding="utf-8") as fh:
-            parsed: Optional[SourceFile] = SourceFile(path, fh.read())
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-        parsed = None
-    _TREE_CACHE[path] = (key, parsed)
-    return parsed
-
-
-def literal_text(node: Optional[ast.expr]) -> Optional[str]:
-    """The text of a string constant, or of an f-string with `{}` for each field."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr):
-        out = []
-        for value in node.values:
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                out.append(value.value)
-            else:
-                out.append("{}")
-        return "".join(out)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left = literal_text(node.left)
-        right = literal_text(node.right)
-        if left is not None and right is not None:
-            return left + right
-    return None
-
-
-def log_calls(src: SourceFile) -> List[Dict[str, Any]]:
-    """Every `<logger>.<level>("format", ...)` call: line (call start), level, format,
-    the enclosing function and the expressions of the other arguments."""
-    if src.log_cache is not None:
-        return src.log_cache
-    found: List[Dict[str, Any]] = []
-    for node in ast.walk(src.tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-            continue
-        if node.func.attr not in LOG_METHODS or not node.args:
-            continue
-        fmt = node.args[0]
-        text = fmt.value if isinstance(fmt, ast.Constant) else None
-        if not isinstance(text, str):
-            text = None
-        if isinstance(fmt, ast.Name):
-            # `def f(..., message: str = "torch.compile took %.2f s in total")` then
-            # `logger.info_once(message, ...)`: the parameter's default is the format
-            text = _parameter_default(src, src.enclosing(node.lineno), fmt.id)
-        found.append(
-            {
-                "line": node.lineno,
-                "method": node.func.attr,
-                "level": LOG_LEVELS[node.func.attr],
-                "fmt": text,
-                "fmt_is_name": isinstance(fmt, ast.Name),
-                "func": src.enclosing(node.lineno),
-                "node": node,
-            }
-        )
-    found.sort(key=lambda c: c["line"])
-    src.log_cache = found
-    return found
-
-
-def _parameter_default(src: SourceFile, qualname: str, name: str) -> Optional[str]:
-    fn = src.function(qualname) if qualname else None
-    if fn is None:
-        return None
-    args = fn.args
-    positional = list(args.posonlyargs) + list(args.args)
-    defaults: List[Any] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-    pairs = [(positional[i], defaults[i]) for i in range(len(positional))]
-    pairs += [(args.kwonlyargs[i], args.kw_defaults[i]) for i in range(len(args.kwonlyargs))]
-    for arg, default in pairs:
-        if arg.arg == name and isinstance(default, ast.Constant) and isinstance(default.value, str):
-            return default.value
-    return None
-
-
-def _may_contain(text: str, needle: str) -> bool:
-    """A cheap test before parsing: the longest word of `needle` is in the raw source
-    (a literal may be split over implicitly concatenated strings, but not mid-word)."""
-    words = [w for w in needle.replace("{}", " ").replace("%s", " ").split() if w]
-    return not words or max(words, key=len) in text
-
-
-def _func_matches(qual: str, func: Optional[str]) -> bool:
-    if not func:
-        return True
-    return qual == func or qual.endswith("." + func)
-
-
-def find_log_call(
-    package_dir: str,
-    files: List[str],
-    needles: List[str],
-    func: Optional[str] = None,
-    exact: bool = False,
-    skip_debug: bool = False,
-) -> Optional[Dict[str, Any]]:
-    """The first logger call (in the order of `files`, then by line) whose format string
-    contains one of `needles` (equals one, with `exact`), optionally inside `func`, and
-    not at DEBUG level with `skip_debug`.
-    {"file", "basename", "line", "level", "method", "fmt", "func"}."""
-    for rel in files:
-        src = source_file(package_dir, rel)
-        if src is None or not any(_may_contain(src.text, n) for n in needles):
-            continue
-        calls = log_calls(src)
-        for needle in needles:
-            for call in calls:
-                fmt = call["fmt"]
-                if fmt is None or not _func_matches(call["func"], func):
-                    continue
-                if skip_debug and call["level"] == "DEBUG":
-                    continue
-                if (fmt == needle) if exact else (needle in fmt):
-                    return {
-                        "file": rel,
-                        "basename": rel.rsplit("/", 1)[-1],
-                        "line": call["line"],
-                        "level": call["level"],
-                        "method": call["method"],
-                        "fmt": fmt,
-                        "func": call["func"],
-                    }
-    return None
-
-
-def find_line(package_dir: str, rel: str, func: str, needle: str) -> Optional[Dict[str, Any]]:
-    """The first line of function `func` in `rel` that contains `needle`:
-    {"file", "line", "text" (stripped), "raw", "func" (the short name)}."""
-    src = source_file(package_dir, rel)
-    if src is None:
-        return None
-    for qual, node in src.functions:
-        if not _func_matches(qual, func):
-            continue
-        end = getattr(node, "end_lineno", None) or node.lineno
-        for number in range(node.lineno, end + 1):
-            raw = src.line(number)
-            if needle in raw:
-                return {
-                    "file": rel,
-                    "line": number,
-                    "text": raw.strip(),
-                    "raw": raw,
-                    "func": qual.rsplit(".", 1)[-1],
-                }
-    return None
-
-
-def find_string(package_dir: str, rel: str, needle: str) -> Optional[Dict[str, Any]]:
-    """The first string literal or f-string of `rel` whose text contains `needle`:
-    {"line", "node", "text", "source", "func"} (`node` is the ast node)."""
-    src = source_file(package_dir, rel)
-    if src is None or not _may_contain(src.text, needle):
-        return None
-    best: Optional[Dict[str, Any]] = None
-    for node in ast.walk(src.tree):
-        if isinstance(node, (ast.JoinedStr, ast.Constant, ast.BinOp)):
-            text = literal_text(node)
-            if text is None or needle not in text:
-                continue
-            if (
-                best is None
-                or node.lineno < best["line"]
-                or (node.lineno == best["line"] and len(text) > len(best["text"]))
-            ):
-                best = {
-                    "line": node.lineno,
-                    "node": node,
-                    "text": text,
-                    "source": src.text,
-                    "func": src.enclosing(node.lineno),
-                }
-    return best
-
-
-def _identifiers(node: ast.expr) -> List[str]:
-    names: List[str] = []
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Name):
-            names.append(sub.id)
-        elif isinstance(sub, ast.Attribute):
-            names.append(sub.attr)
-    return names
-
-
-def render_string(found: Dict[str, Any], values: Dict[str, Any]) -> str:
-    """Fill an f-string found by :func:`find_string` with `values`.
-
-    Each replacement field is replaced by the value of the most specific identifier it
-    uses (its last attribute or name that `values` knows, e.g. ``max_model_len`` for
-    ``{self.model_config.max_model_len}``), formatted with the field's conversion and
-    format spec; a field nothing is known for prints its source text."""
-    node = found["node"]
-    if isinstance(node, ast.Constant):
-        return str(node.value)
-    pieces: List[ast.expr] = []
-
-    def flatten(n: ast.expr) -> None:
-        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
-            flatten(n.left)
-            flatten(n.right)
-        elif isinstance(n, ast.JoinedStr):
-            pieces.extend(n.values)
-        else:
-            pieces.append(n)
-
-    flatten(node)
-    out: List[str] = []
-    for piece in pieces:
-        if isinstance(piece, ast.Constant):
-            out.append(str(piece.value))
-            continue
-        if not isinstance(piece, ast.FormattedValue):
-            out.append("")
-            continue
-        value: Any = None
-        known = False
-        idents = _identifiers(piece.value)
-        for ident in reversed(idents):
-            if ident in values:
-                value, known = values[ident], True
-                break
-        if not known:
-            segment = ast.get_source_segment(found["source"], piece.value) or "?"
-            out.append("{" + segment + "}")
-            continue
-        if piece.conversion == ord("r"):
-            value = repr(value)
-        elif piece.conversion == ord("s"):
-            value = str(value)
-        spec = ""
-        if isinstance(piece.format_spec, ast.JoinedStr):
-            spec = "".join(
-                str(v.value) for v in piece.format_spec.values if isinstance(v, ast.Constant)
-            )
-        try:
-            out.append(format(value, spec))
-        except (TypeError, ValueError):
-            out.append(str(value))
-    return "".join(out)
-
-
-def string_constant(package_dir: str, rel: str, name: str) -> Optional[str]:
-    """The value of a module- or class-level `NAME = "text"` assignment in `rel`."""
-    src = source_file(package_dir, rel)
-    if src is None:
-        return None
-    for node in ast.walk(src.tree):
-        if isinstance(node, ast.Assign):
-            targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            targets = [node.target.id]
-        else:
-            continue
-        if name in targets:
-            text = literal_text(getattr(node, "value", None))
-            if text is not None:
-                return text
-    return None
-
-
-def class_fields(package_dir: str, rel: str, cls: str) -> Optional[List[str]]:
-    """The annotated fields of class `cls` in `rel` (a dataclass's init arguments)."""
-    src = source_file(package_dir, rel)
-    if src is None:
-        return None
-    for node in _module_classes(src.tree.body):
-        if node.name == cls:
-            fields: List[str] = []
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    annotation = src.segment(item.annotation)
-                    if "ClassVar" not in annotation:
-                        fields.append(item.target.id)
-            return fields
-    return None
-
-
-def class_defined_in(package_dir: str, rels: List[str], cls: str) -> Optional[str]:
-    for rel in rels:
-        src = source_file(package_dir, rel)
-        if src is not None and any(n.name == cls for n in _module_classes(src.tree.body)):
-            return rel
-    return None
-
-
-def class_decorators(package_dir: str, rel: str, qualname: str) -> List[str]:
-    """Decorator names of function `qualname` (e.g. ``WorkerProc.__init__``) in `rel`."""
-    src = source_file(package_dir, rel)
-    node = src.function(qualname) if src is not None else None
-    if node is None:
-        return []
-    names = []
-    for dec in node.decorator_list:
-        target = dec.func if isinstance(dec, ast.Call) else dec
-        names.append(_dotted(target) or "")
-    return names
-
-
-REGISTRY_FILE = "model_executor/models/registry.py"
-CONFIG_REGISTRY_FILE = "transformers_utils/config.py"
-
-
-def registry_architectures(package_dir: str) -> Optional[List[str]]:
-    """Architecture names the installed model registry knows (the string keys of its
-    module-level dicts of `(module, class)` tuples), in source order; None without a
-    registry file."""
-    src = source_file(package_dir, REGISTRY_FILE)
-    if src is None:
-        return None
-    names: List[str] = []
-    for node in src.tree.body:
-        value = getattr(node, "value", None)
-        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or not isinstance(value, ast.Dict):
-            continue
-        for index, key in enumerate(value.keys):
-            item = value.values[index]
-            if (
-                isinstance(key, ast.Constant)
-                and isinstance(key.value, str)
-                and isinstance(item, ast.Tuple)
-                and key.value not in names
-            ):
-                names.append(key.value)
-    return names
-
-
-def config_registry(package_dir: str) -> Dict[str, str]:
-    """vLLM's own config classes per HF model_type (`_CONFIG_REGISTRY`)."""
-    src = source_file(package_dir, CONFIG_REGISTRY_FILE)
-    out: Dict[str, str] = {}
-    if src is None:
-        return out
-    for node in src.tree.body:
-        targets: List[str] = []
-        if isinstance(node, ast.Assign):
-            targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            targets = [node.target.id]
-        value = getattr(node, "value", None)
-        if "_CONFIG_REGISTRY" not in targets or value is None:
-            continue
-        if isinstance(value, ast.Call):
-            for kw in value.keywords:
-                if kw.arg and isinstance(kw.value, ast.Constant):
-                    out[kw.arg] = str(kw.value.value)
-            for arg in value.args:
-                if isinstance(arg, ast.Dict):
-                    value = arg
-        if isinstance(value, ast.Dict):
-            for index, key in enumerate(value.keys):
-                item = value.values[index]
-                if isinstance(key, ast.Constant) and isinstance(item, (ast.Constant, ast.Name)):
-                    out[str(key.value)] = (
-                        str(item.value) if isinstance(item, ast.Constant) else item.id
-                    )
-    return out
-
-
-PROPOSER_FILES = ("v1/spec_decode/eagle.py", "v1/spec_decode/llm_base_proposer.py")
-
-
-def _attribute_chain(node: ast.expr) -> Optional[List[str]]:
-    chain: List[str] = []
-    while isinstance(node, ast.Attribute):
-        chain.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        chain.append(node.id)
-        return list(reversed(chain))
-    return None
-
-
-def _names_tested(test: ast.expr) -> Optional[List[str]]:
-    """The model names an `if self.get_model_name(target_model) in [...]` / `== "..."`
-    test selects, or None when the test is something else."""
-    if not isinstance(test, ast.Compare) or len(test.comparators) != 1:
-        return None
-    left = test.left
-    if not (isinstance(left, ast.Call) and isinstance(left.func, ast.Attribute)):
-        return None
-    if left.func.attr != "get_model_name":
-        return None
-    right = test.comparators[0]
-    if isinstance(test.ops[0], ast.In):
-        return _string_list(right)
-    if isinstance(test.ops[0], ast.Eq) and isinstance(right, ast.Constant):
-        return [str(right.value)]
-    return None
-
-
-def multimodal_image_token(package_dir: str, model_name: str) -> Optional[Dict[str, Any]]:
-    """What the EAGLE proposer's `load_model` reads for a multimodal target named
-    `model_name`: the `if supports_multimodal(target_model):` branch chain is followed
-    as Python would, and the attribute path of `target_model.config...` assigned to
-    `self.model.config.image_token_index` is returned with its line:
-    {"file", "line", "path": ["image_token_index"], "func"}; None when the proposer has
-    no such branch (before 0.12, or nothing read)."""
-    for rel in PROPOSER_FILES:
-        src = source_file(package_dir, rel)
-        if src is None or "supports_multimodal(target_model)" not in src.text:
-            continue
-        for qual, fn in src.functions:
-            if not qual.endswith("load_model"):
-                continue
-            for node in ast.walk(fn):
-                if not (
-                    isinstance(node, ast.If) and "supports_multimodal" in src.segment(node.test)
-                ):
-                    continue
-                chosen = _choose_branch(node.body, model_name)
-                if chosen is None:
-                    continue
-                path, line = chosen
-                return {"file": rel, "line": line, "path": path, "func": qual}
-    return None
-
-
-def _choose_branch(body: List[ast.stmt], model_name: str) -> Optional[Any]:
-    for stmt in body:
-        if isinstance(stmt, ast.If):
-            names = _names_tested(stmt.test)
-            if names is None:
-                continue
-            branch: List[ast.stmt] = stmt.body if model_name in names else stmt.orelse
-            while True:
-                found = _image_token_read(branch)
-                if found is not None:
-                    return found
-                nested = [s for s in branch if isinstance(s, ast.If)]
-                if not nested:
-                    return None
-                inner = nested[0]
-                inner_names = _names_tested(inner.test)
-                if inner_names is None:
-                    return None
-                branch = inner.body if model_name in inner_names else inner.orelse
-    return None
-
-
-def _image_token_read(branch: List[ast.stmt]) -> Optional[Any]:
-    for stmt in branch:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-            target = _attribute_chain(stmt.targets[0])
-            if target and target[-1] == "image_token_index":
-                chain = _attribute_chain(stmt.value)
-                if chain and chain[:2] == ["target_model", "config"]:
-                    return chain[2:], stmt.lineno
-    return None
-
-
-def supports_multimodal(files: Dict[str, Any], name: str) -> bool:
-    """Whether class `name` lists SupportsMultiModal among its bases (in-file chain)."""
-    for entry in files.values():
-        classes = entry.get("classes") if isinstance(entry, dict) else None
-        if isinstance(classes, dict) and name in classes:
-            seen = set()
-            todo = [name]
-            while todo:
-                cls = todo.pop()
-                if cls in seen or cls not in classes:
-                    continue
-                seen.add(cls)
-                bases = [str(b) for b in classes[cls].get("bases") or []]
-                if any(_short_name(b) == "SupportsMultiModal" for b in bases):
-                    return True
-                todo.extend(b for b in bases if "." not in b)
-    return False
-
-
-def find_raise(
-    package_dir: str, rel: str, needle: str, func: Optional[str] = None
-) -> Optional[Dict[str, Any]]:
-    """The first `raise X(...)` of `rel` (inside `func`) whose message literal contains
-    `needle`: {"file", "line" (the statement's first line), "text", "exc", "message"
-    (the string found, for :func:`render_string`), "func"}."""
-    src = source_file(package_dir, rel)
-    if src is None or not _may_contain(src.text, needle):
-        return None
-    for node in ast.walk(src.tree):
-        if not isinstance(node, ast.Raise) or node.exc is None:
-            continue
-        qual = src.enclosing(node.lineno)
-        if not _func_matches(qual, func):
-            continue
-        for sub in ast.walk(node.exc):
-            text = literal_text(sub) if isinstance(sub, (ast.JoinedStr, ast.Constant)) else None
-            if text is not None and needle in text:
-                exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
-                return {
-                    "file": rel,
-                    "line": node.lineno,
-                    "text": src.line(node.lineno),
-                    "exc": _dotted(exc) or "Exception",
-                    "message": {"node": sub, "source": src.text, "line": node.lineno},
-                    "func": qual.rsplit(".", 1)[-1],
-                }
-    return None
-
-
-def metric_definitions(package_dir: str, rel: str) -> List[Dict[str, Any]]:
-    """Prometheus metrics a vLLM module defines: every call with `name="vllm:..."` and
-    `documentation=...` keywords: {"name", "documentation", "kind" (counter, gauge,
-    histogram), "extra_labels"} in source order."""
-    src = source_file(package_dir, rel)
-    if src is None:
-        return []
-    out: List[Dict[str, Any]] = []
-    for node in ast.walk(src.tree):
-        if not isinstance(node, ast.Call):
-            continue
-        kw = {k.arg: k.value for k in node.keywords if k.arg}
-        name = literal_text(kw.get("name"))
-        doc = literal_text(kw.get("documentation"))
-        if not name or not name.startswith("vllm:") or doc is None:
-            continue
-        callee = (_dotted(node.func) or "").lower()
-        kind = (
-            "counter"
-            if "counter" in callee
-            else "gauge"
-            if "gauge" in callee
-            else ("histogram" if "histogram" in callee else "other")
-        )
-        extra: List[str] = []
-        labels = kw.get("labelnames")
-        if isinstance(labels, ast.Name):
-            fn = src.function(src.enclosing(node.lineno)) if src.enclosing(node.lineno) else None
-            for sub in ast.walk(fn) if fn is not None else []:
-                if isinstance(sub, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == labels.id for t in sub.targets
-                ):
-                    labels = sub.value
-                    break
-        for sub in ast.walk(labels) if labels is not None else []:
-            if isinstance(sub, ast.List):
-                extra += [str(e.value) for e in sub.elts if isinstance(e, ast.Constant)]
-        out.append(
-            {
-                "name": name,
-                "documentation": doc,
-                "kind": kind,
-                "extra_labels": extra,
-                "line": node.lineno,
-            }
-        )
-    out.sort(key=lambda m: m["line"])
-    return out

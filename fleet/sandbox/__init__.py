@@ -7,9 +7,9 @@
     <home>/ml-env/bin/python            the host's ``python`` (a venv)
     <home>/ml-env/lib/pythonX.Y/site-packages/vllm, vllm-<v>.dist-info
                                         the real wheel's Python files and metadata
-    <home>/ml-env/bin/vllm              the rehearsal vLLM (``fleet/onhost/vllm_sim.py``)
+    <home>/ml-env/bin/vllm              the rehearsal vLLM (``fleet/onhost/rehearsal/vllm_sim.py``)
     <home>/models/                      checkpoints (``fleet.sandbox.checkpoints``)
-    <home>/bin/nvidia-smi               stand-in: 8 x NVIDIA B200 (``fleet.onhost.nvidia_smi``)
+    <home>/bin/nvidia-smi               stand-in: 8 x B200 (``fleet.onhost.rehearsal.nvidia_smi``)
     <home>/.fleet-sandbox/host.json     {"host", "vllm", "load_seconds", "gpu_name", ...}
     <home>/.fleet-sandbox/gpu-state.json  optional: memory/processes nvidia-smi reports
     <home>/.fleet-sandbox/sim.json      optional: the rehearsal vLLM's knobs (``set_sim``)

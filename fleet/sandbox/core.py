@@ -492,10 +492,10 @@ class Sandbox:
 
     def set_sim(self, name: str, **knobs: Any) -> dict[str, Any]:
         """Knobs of host ``name``'s rehearsal vLLM, read when it starts
-        (``~/.fleet-sandbox/sim.json``; see ``SIM_KNOBS`` in fleet/onhost/vllm_sim.py),
+        (``~/.fleet-sandbox/sim.json``; see ``SIM_KNOBS`` in fleet/onhost/rehearsal/vllm_sim.py),
         e.g. ``set_sim(h, fault="oom", acceptance_rate=0.7, load_seconds=1.0)``;
         ``set_sim(h)`` clears them. Unknown knobs are refused. Returns what was written."""
-        from fleet.onhost.vllm_sim import SIM_KNOBS
+        from fleet.onhost.rehearsal.vllm_sim import SIM_KNOBS
 
         unknown = sorted(set(knobs) - set(SIM_KNOBS))
         if unknown:

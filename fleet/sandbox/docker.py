@@ -168,7 +168,7 @@ def stage_serve_files(overlay: Path, version: str) -> None:
 
 def stage_context(context: Path, tree: Path, version: str | None = None) -> Path:
     """The docker build context of one vLLM version: vLLM files, nvidia-smi, sshd snippet."""
-    from fleet.onhost import nvidia_smi
+    from fleet.onhost.rehearsal import nvidia_smi
 
     src = docker_dir()
     if context.exists():

@@ -505,7 +505,7 @@ def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:
 
 def install_nvidia_smi(home: Path, *, python: str) -> Path:
     """``home/bin/nvidia-smi``: a sh launcher running the stand-in with the host's Python."""
-    from fleet.onhost import nvidia_smi
+    from fleet.onhost.rehearsal import nvidia_smi
 
     script = home / ".fleet-sandbox" / "nvidia_smi.py"
     write_text_atomic(script, Path(nvidia_smi.__file__).read_text(encoding="utf-8"))
@@ -521,12 +521,12 @@ def install_nvidia_smi(home: Path, *, python: str) -> Path:
 
 
 def install_vllm(env: Path, *, python: str) -> Path:
-    """``env/bin/vllm``: the rehearsal vLLM (``fleet/onhost/vllm_sim.py``) as an executable
-    run by the environment's ``python``, standing where pip puts vLLM's console script."""
+    """``env/bin/vllm``: the rehearsal vLLM (``fleet/onhost/rehearsal/vllm_sim.py``) as an
+    executable run by the environment's ``python``, where pip puts vLLM's console script."""
     from fleet.onhost.client import executable
 
     path = env / "bin" / "vllm"
-    write_text_atomic(path, executable("vllm_sim", "main", python), mode=0o755)
+    write_text_atomic(path, executable("rehearsal.vllm_sim", "main", python), mode=0o755)
     return path
 
 
@@ -544,7 +544,7 @@ def stage_rehearsal_files(root: Path, *, home: str = "/root", python: str | None
     interpreter = python or str(PurePosixPath(home) / model.ENV_DIR / "bin" / "python")
     write_text_atomic(
         base / model.ENV_DIR / "bin" / "vllm",
-        executable("vllm_sim", "main", interpreter),
+        executable("rehearsal.vllm_sim", "main", interpreter),
         mode=0o755,
     )
     build_models(base)

@@ -1,4 +1,4 @@
-"""Run the rehearsal vLLM (fleet/onhost/vllm_sim.py) for real, against real vLLM trees.
+"""Run the rehearsal vLLM (fleet/onhost/rehearsal/vllm_sim.py) for real, against real vLLM trees.
 
 A "home" is what a sandbox host has: ``.fleet-sandbox/host.json`` (load_seconds),
 optional ``sim.json`` knobs, ``models/`` (fleet.sandbox.checkpoints) and the ``vllm``
@@ -88,7 +88,7 @@ def make_home(
     if not (path / "models").exists():
         build_models(path)
     exe = path / "vllm"
-    exe.write_text(executable("vllm_sim", "main", python or sys.executable))
+    exe.write_text(executable("rehearsal.vllm_sim", "main", python or sys.executable))
     exe.chmod(0o755)
     return path
 

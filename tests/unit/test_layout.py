@@ -333,3 +333,20 @@ def test_one_diagnosis_factory() -> None:
                 if name == "Diagnosis":
                     makers.append(f"{rel}:{node.lineno}")
     assert not makers, f"Diagnosis built outside fleet/diagnosis/factory.py: {makers}"
+
+
+PRODUCTION_SCRIPTS = ("facts", "patch", "source", "serve")
+
+
+def test_no_rehearsal_code_rides_in_a_production_bundle() -> None:
+    """What fleet sends a real GPU host holds nothing of the rehearsal room (the
+    simulated vLLM, its source mining, the nvidia-smi stand-in)."""
+    from fleet.onhost.client import bundle
+
+    for name in PRODUCTION_SCRIPTS:
+        found = bundle(name)
+        rehearsal = [m for m in found.modules if m.startswith("rehearsal.")]
+        assert not rehearsal, f"the {name} bundle holds rehearsal modules: {rehearsal}"
+        assert "vllm_sim" not in found.text and "SimSource" not in found.text, name
+    # and the rehearsal vLLM is bundled from that room
+    assert any(m.startswith("rehearsal.") for m in bundle("rehearsal.vllm_sim").modules)

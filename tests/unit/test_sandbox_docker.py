@@ -48,7 +48,7 @@ def test_staged_context_holds_everything_the_dockerfile_copies(tmp_path: Path) -
     assert (tree / "vllm-0.17.0.dist-info" / "METADATA").is_file()
     assert not list(tree.rglob("*.so"))
     # the stand-in is this repository's, byte for byte
-    from fleet.onhost import nvidia_smi
+    from fleet.onhost.rehearsal import nvidia_smi
 
     assert (context / "nvidia_smi.py").read_bytes() == Path(nvidia_smi.__file__).read_bytes()
     # the rehearsal vLLM run by the image's env python, and the checkpoints it serves

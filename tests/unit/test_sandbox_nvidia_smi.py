@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.onhost import nvidia_smi
+from fleet.onhost.rehearsal import nvidia_smi
 from fleet.sandbox.local import install_nvidia_smi
 
 

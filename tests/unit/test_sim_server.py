@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sim_harness import Sim, make_home, patched_tree, run_sim, serve_args
 
-from fleet.onhost import nvidia_smi
+from fleet.onhost.rehearsal import nvidia_smi
 from fleet.sandbox.vllm_source import vllm_tree
 
 
@@ -283,7 +283,7 @@ def test_the_executable_runs_from_an_interpreter_path_with_spaces(tmp_path: Path
     plain = Path(sys.executable)
     for i, python in enumerate((spaced, long, plain)):
         exe = tmp_path / f"vllm-{i}"
-        exe.write_text(executable("vllm_sim", "main", str(python)))
+        exe.write_text(executable("rehearsal.vllm_sim", "main", str(python)))
         exe.chmod(0o755)
         assert exe.read_text().startswith("#!/bin/sh\n" if python != plain else f"#!{plain}\n")
         env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(vllm_tree("0.17.0"))}

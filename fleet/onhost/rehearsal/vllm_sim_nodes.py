@@ -1,4 +1,4 @@
-# The rehearsal vLLM across several hosts (fleet/onhost/vllm_sim.py): vLLM's own
+# The rehearsal vLLM across several hosts (fleet/onhost/rehearsal/vllm_sim.py): vLLM's own
 # multi-node mode (mp: --nnodes/--node-rank/--master-addr/--master-port, --headless on the
 # workers) and Ray (--distributed-executor-backend ray on the head of a real Ray cluster).
 #

@@ -12,7 +12,7 @@ import ast
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
-from fleet.onhost.vllm_tree import (
+from fleet.onhost.rehearsal.source_mining import (
     class_defined_in,
     class_fields,
     source_file,

@@ -15,8 +15,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from fleet.onhost.families import log_family, version_tuple
-from fleet.onhost.vllm_sim_out import CYAN, CYAN_BOLD, Frame
-from fleet.onhost.vllm_tree import (
+from fleet.onhost.rehearsal.source_mining import (
     class_decorators,
     find_line,
     find_log_call,
@@ -26,6 +25,7 @@ from fleet.onhost.vllm_tree import (
     render_string,
     source_file,
 )
+from fleet.onhost.rehearsal.vllm_sim_out import CYAN, CYAN_BOLD, Frame
 
 RUNNER = "v1/worker/gpu_model_runner.py"
 API_SERVER = ("entrypoints/openai/api_server.py", "entrypoints/launchers/api_server/entry.py")

@@ -25,16 +25,26 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from fleet.onhost._common import Refused, locate_vllm
-from fleet.onhost.vllm_sim_args import (
+from fleet.onhost.rehearsal.source_mining import (
+    config_registry,
+    find_log_call,
+    find_string,
+    metric_definitions,
+    multimodal_image_token,
+    registry_architectures,
+    string_constant,
+    supports_multimodal,
+)
+from fleet.onhost.rehearsal.vllm_sim_args import (
     SIM_USAGE,
     SimArgError,
     sim_field_order,
     sim_parse,
     sim_spec_fields,
 )
-from fleet.onhost.vllm_sim_http import SimApp, SimMetrics, sim_bind, sim_serve
-from fleet.onhost.vllm_sim_nodes import SimNodes
-from fleet.onhost.vllm_sim_out import (
+from fleet.onhost.rehearsal.vllm_sim_http import SimApp, SimMetrics, sim_bind, sim_serve
+from fleet.onhost.rehearsal.vllm_sim_nodes import SimNodes
+from fleet.onhost.rehearsal.vllm_sim_out import (
     Frame,
     Prefixed,
     SimWriter,
@@ -45,14 +55,14 @@ from fleet.onhost.vllm_sim_out import (
     traceback_text,
     write_fd,
 )
-from fleet.onhost.vllm_sim_proc import (
+from fleet.onhost.rehearsal.vllm_sim_proc import (
     SimChild,
     SimGpuState,
     sim_die_by,
     sim_spawn_engine,
     sim_spawn_workers,
 )
-from fleet.onhost.vllm_sim_src import (
+from fleet.onhost.rehearsal.vllm_sim_src import (
     API_SERVER,
     CORE,
     ENGINE_CORE_INIT,
@@ -75,17 +85,9 @@ from fleet.onhost.vllm_sim_src import (
 from fleet.onhost.vllm_tree import (
     admits,
     allowlists,
-    config_registry,
     find_class,
-    find_log_call,
-    find_string,
     judge_allowlist,
-    metric_definitions,
     model_classes,
-    multimodal_image_token,
-    registry_architectures,
-    string_constant,
-    supports_multimodal,
 )
 
 SIM_STATE_DIR = "~/.fleet-sandbox"
