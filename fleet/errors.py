@@ -60,6 +60,7 @@ CODES: dict[str, str] = {
     "not-ready": "vLLM answered but a readiness check failed",
     "supervisor-failed": "the supervisor could not be installed, started or asked",
     "supervisor-unavailable": "the profile's supervisor cannot run on the host (e.g. systemd)",
+    "ray-cluster-incomplete": "not every node of a Ray group joined the head's cluster in time",
     "internal-error": "a bug in fleet (rerun with -vv and report the traceback)",
 }
 

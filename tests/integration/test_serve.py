@@ -206,8 +206,9 @@ def test_two_concurrent_serves_launch_once(box: Sandbox, host: str) -> None:
     launched = [d for d in docs if d.get("changed")]
     assert len(launched) == 1, docs
     assert outcomes in (["ready", "refused"], ["ready", "ready"]), docs
-    count = box.on_host(host, "pgrep -c -f '[b]in/vllm serve' || true").stdout.strip()
-    assert count == "1", count
+    from tests.integration.serve_run import vllm_processes
+
+    assert vllm_processes(box, host) == 1
 
 
 @pytest.mark.docker
