@@ -152,6 +152,6 @@ def log_prefix_sha256(box: Sandbox, host: str, size: int) -> str:
 def vllm_processes(box: Sandbox, host: str) -> int:
     """vLLM servers of this host's own environment (local sandbox hosts share this
     machine's process table: a pattern without the host's home would count the others')."""
-    exe = f"{box.host(host).home}/ml-env/bin/vllm serve"
+    exe = f"{box.host(host).home}/[m]l-env/bin/vllm serve"  # [m]: not the pgrep's own shell
     out = box.on_host(host, ["pgrep", "-c", "-f", exe], check=False).stdout.strip()
     return int(out or 0)
