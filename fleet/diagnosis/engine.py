@@ -772,14 +772,17 @@ _FOLLOWERS = (ROLE_TIER["symptom"], ROLE_TIER["wrapper"])
 def _causes_before_wrappers(groups: list[list[_Match]]) -> list[list[_Match]]:
     """An exception no rule names (``unrecognized-error``) ranks above the generic
     symptoms and wrappers that follow it (EngineDeadError, "Worker proc died", "WorkerProc
-    failed to start"): a wrapper is the answer only when no cause precedes it."""
+    failed to start"): a wrapper is the answer only when no cause precedes it. A wrapper
+    finding is placed by the line that ranks it, not by its earliest line: vLLM's
+    multiproc executor prints its "WorkerProc hit an exception." header before the
+    worker's traceback and "Worker proc ... died unexpectedly" after it."""
     order = list(groups)
     for group in [g for g in groups if g[0].rule_id == "unrecognized-error"]:
         first = min(m.line for m in group)
         here = order.index(group)
         for i, other in enumerate(order[:here]):
             best = min(other, key=_Match.key)
-            if best.tier in _FOLLOWERS and min(m.line for m in other) > first:
+            if best.tier in _FOLLOWERS and best.line > first:
                 order.insert(i, order.pop(here))
                 break
     return order

@@ -144,6 +144,24 @@ def test_an_unexplained_exception_ranks_above_the_wrappers_that_follow_it() -> N
     assert got.evidence[0].text == "RuntimeError: something nobody has seen"
 
 
+def test_an_unexplained_exception_outranks_a_wrapper_whose_header_came_first() -> None:
+    """vLLM's multiproc executor logs "WorkerProc hit an exception." BEFORE the worker's
+    traceback, and "Worker proc ... died unexpectedly" after it: the wrapper's header
+    preceding the cause must not make the wrapper the answer."""
+    w = "(VllmWorker TP0 pid=9) ERROR 11-02 12:40:01 [multiproc_executor.py:600] "
+    lines = [
+        w + "WorkerProc hit an exception.",
+        w + "Traceback (most recent call last):",
+        w
+        + '  File "/opt/vllm/vllm/v1/executor/multiproc_executor.py", line 596, in worker_busy_loop',
+        w + "    output = func(*args, **kwargs)",
+        w + "FrobnicatorError: the frobnicator overheated",
+        "(EngineCore_DP0 pid=7) ERROR 11-02 12:40:03 [multiproc_executor.py:154] Worker proc VllmWorker-0 died unexpectedly, shutting down executor.",
+    ]
+    assert ids(lines)[:2] == ["unrecognized-error", "worker-died"]
+    assert diagnose(lines)[0].evidence[0].text.endswith("the frobnicator overheated")
+
+
 def test_only_the_generic_wrapper_visible() -> None:
     result = diagnose(["(APIServer pid=1) " + WRAPPER])
     assert [d.id for d in result] == ["engine-init-failed"]

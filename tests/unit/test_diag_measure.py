@@ -46,7 +46,10 @@ def test_the_whole_real_corpus_holds_its_floors() -> None:
         total.add(s)
     print("\n" + "\n".join(s.line() for s in [*sets, total]))
     assert total.total >= 180
-    assert not floors_hold(total), "\n".join([*floors_hold(total), *total.wrong])
+    # each set holds the floors on its own: the held-out logs are the measure that counts,
+    # and a total could hide a held-out set below them
+    for s in [*sets, total]:
+        assert not floors_hold(s), f"{s.name}: " + "\n".join([*floors_hold(s), *s.wrong])
 
 
 def test_the_measure_can_fail(tmp_path: Path) -> None:
