@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleet.cli.context import AppContext, host_option, pass_app
+from fleet.sizes import human_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -83,8 +84,7 @@ def allowlist_cell(facts: HostFacts) -> str:
     return "deepseek only" if allow.deepseek else "kimi only"
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.0f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+_DISK = ("GiB", "MiB")  # a disk in whole GiB (or MiB when it is that small)
 
 
 def servers_cell(facts: HostFacts) -> str:
@@ -217,10 +217,10 @@ def render_host(out: Console, name: str, facts: HostFacts) -> None:
     else:
         grid.add_row("servers", "none")
     for i, (key, d) in enumerate(facts.disk.items()):
-        grid.add_row(
-            "disk" if i == 0 else "",
-            escape(f"{key}: {_gib(d.free_bytes)} free of {_gib(d.total_bytes)} ({d.path})"),
+        free, total = (
+            human_bytes(n, spec=".0f", units=_DISK) for n in (d.free_bytes, d.total_bytes)
         )
+        grid.add_row("disk" if i == 0 else "", escape(f"{key}: {free} free of {total} ({d.path})"))
     for part, error in facts.errors.items():
         if part != "gpus":
             grid.add_row("[red]error[/]", escape(f"{part}: {error}"))

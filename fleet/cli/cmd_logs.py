@@ -26,6 +26,7 @@ import click
 from fleet.cli.context import AppContext, host_option, pass_app
 from fleet.errors import EXIT_INTERRUPTED, EXIT_OK, UsageError
 from fleet.redact import redact_text
+from fleet.sizes import human_bytes
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -223,8 +224,8 @@ def hosts_json(outcomes: list[HostOutcome[RemoteDiagnosis]]) -> dict[str, Any]:
 def _render_outcome(out: Console, host: str, r: RemoteDiagnosis) -> None:
     from rich.markup import escape
 
-    moved = _size(r.bytes_received)
-    of = f" of {_size(r.file_size)} ({100 * r.fraction:.3g}%)" if r.file_size else ""
+    moved = human_bytes(r.bytes_received)
+    of = f" of {human_bytes(r.file_size)} ({100 * r.fraction:.3g}%)" if r.file_size else ""
     out.print(
         f"[bold]{escape(host)}[/] [dim]{escape(r.path)} — fetched {moved}{of}, "
         f"{r.candidate_lines} candidate lines[/]",
@@ -233,13 +234,6 @@ def _render_outcome(out: Console, host: str, r: RemoteDiagnosis) -> None:
     for note in r.notes:
         out.print(f"  [yellow]note:[/] {escape(note)}", soft_wrap=True)
     render_diagnoses(out, r.diagnoses, where=f"{host}:{r.path}", lines=None)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> int:

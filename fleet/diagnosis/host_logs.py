@@ -33,6 +33,7 @@ from fleet.diagnosis.factory import with_values
 from fleet.diagnosis.models import SEVERITY_ORDER, Diagnosis
 from fleet.errors import OperationFailed, UsageError
 from fleet.redact import redact_text
+from fleet.sizes import human_bytes
 from fleet.transport import shell
 from fleet.transport.shell import Raw, RemotePath
 
@@ -327,10 +328,6 @@ def _check_exhausted(conn: Runner, path: str, stderr: str) -> None:
         )
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n} bytes"
-
-
 def diagnose_remote(
     conn: Runner,
     path: str,
@@ -378,9 +375,10 @@ def diagnose_remote(
         truncated=bool(header.dropped) or cut_hard,
     )
     if header.dropped:
+        each_end = human_bytes(head_bytes, spec="g", units=("MiB", "B"))
         out.notes.append(
             f"{header.dropped} candidate lines in the middle of the log were skipped "
-            f"(at most {HEAD_LINES} lines or {_mib(head_bytes)} are fetched from each end)"
+            f"(at most {HEAD_LINES} lines or {each_end} are fetched from each end)"
         )
     if cut_hard:
         out.notes.append("the candidate lines were cut at the output cap; the end may be missing")

@@ -36,6 +36,7 @@ from fleet.facts.models import (
 )
 from fleet.onhost import vllm_tree
 from fleet.redact import redact_argv, redact_text
+from fleet.sizes import MiB, human_bytes
 
 NOT_AVAILABLE = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]"}
 
@@ -346,7 +347,7 @@ def gpu_summary(gpus: list[GpuInfo]) -> str:
     groups: Counter[tuple[str, int | None]] = Counter((g.name, g.memory_total_mib) for g in gpus)
     parts = []
     for (name, mib), count in groups.items():
-        size = f" ({mib / 1024:.0f} GiB)" if mib else ""
+        size = f" ({human_bytes(mib * MiB, spec='.0f', units=('GiB',))})" if mib else ""
         parts.append(f"{count} × {name}{size}")
     return " + ".join(parts)
 

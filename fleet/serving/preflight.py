@@ -26,6 +26,7 @@ from fleet.diagnosis.models import Diagnosis
 from fleet.facts.parsers import find_eagle3_class, parse_allowlist, parse_gpu_part
 from fleet.serving.observed import ModelDir, PreflightAnswer
 from fleet.serving.profile import Profile
+from fleet.sizes import MiB, in_unit
 
 if TYPE_CHECKING:
     from fleet.facts.models import GpuInfo
@@ -146,9 +147,9 @@ def gpus_fit(seen: Seen) -> list[Diagnosis]:
                 seen.found(
                     "gpu-memory-utilization-too-high",
                     [f"GPU {gpu.index}: {used} of {total} MiB in use"],
-                    device=f"cuda:{gpu.index}", free=f"{free / 1024:.2f}",
-                    total=f"{total / 1024:.2f}", util=f"{util:g}",
-                    requested=f"{util * total / 1024:.2f}",
+                    device=f"cuda:{gpu.index}", free=in_unit(free * MiB, "GiB"),
+                    total=in_unit(total * MiB, "GiB"), util=f"{util:g}",
+                    requested=in_unit(util * total * MiB, "GiB"),
                 )
             ]  # fmt: skip
     return []
