@@ -165,13 +165,29 @@ def _cuts(box: Sandbox, host: str, *, max_cuts: int = 10) -> str:
     link = r.get("link") or {}
     steps = ", ".join(f"{k} {v}" for k, v in sorted((link.get("by_step") or {}).items()))
     spec = r.get("spec_decode") or {}
+    lost, duplicated = _lost_and_duplicated(host_lines, int(follow.get("lines") or 0), intact)
     return (
         f"fleet serve with cut SSH sessions: {cuts} cuts, {link.get('reconnects')} reconnects "
-        f"({steps}), {follow.get('lines')} of {len(host_lines)} log lines received, "
+        f"({steps}), {follow.get('lines')} of {len(host_lines)} log lines received: "
+        f"{lost} lost, {duplicated} duplicated; "
         f"bytes {'identical' if intact else 'DIFFERENT'} (sha256 of {offset} bytes), "
         f"{started} launch(es), outcome {r.get('outcome')} (exit {code}), "
         f"acceptance rate {spec.get('acceptance_rate')}"
     )
+
+
+def _lost_and_duplicated(host_lines: list[str], received: int, intact: bool) -> tuple[int, int]:
+    """Lines lost and lines received twice. The host log's lines carry the rehearsal
+    vLLM's `` [seq=N]`` numbers (each once, from 1: checked here); when the sha256 of the
+    bytes fleet received equals the host log's prefix, fleet received exactly those lines,
+    in order, each once. Otherwise the difference of the counts is all that is known."""
+    import re
+
+    seqs = [int(m.group(1)) for x in host_lines for m in [re.search(r" \[seq=(\d+)\]", x)] if m]
+    assert seqs == list(range(1, len(seqs) + 1)), "the host log's own line numbers have gaps"
+    if intact:
+        return 0, 0
+    return max(0, len(host_lines) - received), max(0, received - len(host_lines))
 
 
 if __name__ == "__main__":
