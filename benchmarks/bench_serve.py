@@ -128,6 +128,7 @@ def _cuts(box: Sandbox, host: str, *, max_cuts: int = 10) -> str:
     s (preflight, launch, the follow, readiness, metrics: wherever they land), up to
     ``max_cuts`` times: cuts, reconnects, bytes and lines lost or repeated, launches,
     outcome."""
+    from fleet.onhost.layout import log_path
     from tests.integration.serve_run import (
         ServeRun,
         fresh_logs,
@@ -157,7 +158,7 @@ def _cuts(box: Sandbox, host: str, *, max_cuts: int = 10) -> str:
     follow = r.get("follow") or {}
     offset = int(follow.get("log_offset") or 0)
     intact = follow.get("sha256") == log_prefix_sha256(box, host, offset)
-    head = box.on_host(host, ["head", "-c", str(offset), ".fleet/run/kimi-eagle3/vllm.log"])
+    head = box.on_host(host, ["head", "-c", str(offset), log_path("kimi-eagle3")])
     host_lines = [x for x in head.stdout.replace("\r", "\n").split("\n") if x.strip()]
     started = launches(box, host)
     fleet(box, "stop", "kimi-eagle3", "--host", host)

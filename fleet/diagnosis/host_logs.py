@@ -32,6 +32,7 @@ from fleet.diagnosis.engine import Engine, diagnose_numbered
 from fleet.diagnosis.factory import with_values
 from fleet.diagnosis.models import SEVERITY_ORDER, Diagnosis
 from fleet.errors import OperationFailed, UsageError
+from fleet.onhost import layout
 from fleet.redact import redact_text
 from fleet.sizes import human_bytes
 from fleet.transport import shell
@@ -50,7 +51,6 @@ TAIL_LINES = 100_000  # ...and from its end; the middle is dropped (counted in t
 HEAD_BYTES = 2 * 2**20  # ...and at most this many bytes of each (a log whose every line
 TAIL_BYTES = 2 * 2**20  # is a candidate must not cross the network whole)
 MAX_LINE_BYTES = 20000  # longer candidate lines are cut on the host (the engine reads 16384)
-RUN_DIR = "~/.fleet/run"
 EXIT_NO_FILE = 66
 EXIT_NOT_REGULAR = 67
 TIME_LIMIT = 570  # seconds a finite log command may run on the host (fleet waits 600)
@@ -58,14 +58,13 @@ MEMORY_LIMIT_KIB = 2**20  # the log commands' address space on the host (1 GiB):
 # tail hold a whole line, and a multi-GiB line (a preallocated log, NUL bytes) must fail
 # ("memory exhausted") rather than exhaust the host
 
-_PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
-
 
 def profile_log_path(profile: str) -> str:
-    """Where a serve profile's vLLM log lives on a host (owned by ``fleet serve`` later)."""
-    if not _PROFILE.fullmatch(profile) or ".." in profile:
-        raise UsageError(f"invalid profile name {profile!r}")
-    return f"{RUN_DIR}/{profile}/vllm.log"
+    """Where ``fleet serve`` keeps a profile's vLLM log on a host (``~/``-relative; the
+    layout and the name check are :mod:`fleet.onhost.layout`'s)."""
+    if not layout.profile_name_ok(profile):
+        raise UsageError(f"invalid profile name {profile!r}: {layout.PROFILE_NAME_RULE}")
+    return "~/" + layout.log_path(profile)
 
 
 def check_path(path: str) -> str:

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleet.errors import UsageError
+from fleet.onhost.layout import PROFILE_NAME_RULE, profile_name_ok
 from fleet.paths import playbooks_dir
 
 if TYPE_CHECKING:
     from fleet.serving.multinode import Node
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_PROFILE_BYTES = 256 * 1024
 
@@ -139,8 +139,8 @@ class Profile(_Model):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("lower-case letters, digits, '.', '_' and '-' (at most 64)")
+        if not profile_name_ok(value):
+            raise ValueError(PROFILE_NAME_RULE)
         return value
 
     @field_validator("env")
@@ -247,7 +247,7 @@ def schema() -> dict[str, Any]:
 
 def profile_path(name: str, search: list[Path] | None = None) -> Path:
     """``./playbooks/NAME.yaml``, else the installed package's."""
-    if not _NAME.match(name):
+    if not profile_name_ok(name):
         raise ProfileError(f"invalid profile name {name!r}")
     dirs = search if search is not None else [Path.cwd() / "playbooks", playbooks_dir()]
     for directory in dirs:

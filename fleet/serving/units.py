@@ -22,7 +22,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from fleet.errors import UsageError
-from fleet.onhost.layout import RUN_ROOT, SUPERVISOR_ROOT
+from fleet.onhost.layout import LOG_NAME, RUN_ROOT, SUPERVISOR_ROOT
 from fleet.paths import templates_dir
 from fleet.transport import shell
 
@@ -66,7 +66,7 @@ class Layout:
 
     @property
     def log(self) -> str:
-        return f"{self.run_dir}/vllm.log"
+        return f"{self.run_dir}/{LOG_NAME}"
 
     @property
     def sup_dir(self) -> str:

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.onhost.layout import log_path
 from fleet.sandbox.core import Sandbox
 
 PROFILE = "kimi-eagle3"
-LOG = "~/.fleet/run/kimi-eagle3/vllm.log"
+LOG = "~/" + log_path(PROFILE)
 Match = Callable[[dict[str, Any]], bool]
 
 

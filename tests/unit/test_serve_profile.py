@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,40 @@ def test_bad_profiles_are_one_line_usage_errors(change: dict[str, object], probl
     with pytest.raises(UsageError, match=problem) as info:
         render(raw, {"host": "h1"})
     assert "\n" not in str(info.value) and info.value.code == "profile-invalid"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["kimi-eagle3", "a", "v0.18_pp2", "x" * 64, "Kimi", "x" * 65, ".hidden", "..", "-p", "a/b",
+     "p\n", "", "p q"],
+)  # fmt: skip
+def test_fleet_serve_fleet_logs_and_the_host_accept_the_same_profile_names(name: str) -> None:
+    """One name check (fleet.onhost.layout): what ``fleet serve`` refuses, ``fleet logs
+    PROFILE`` refuses too, and the host's run directory is the log's directory."""
+    from fleet.diagnosis.host_logs import profile_log_path
+    from fleet.onhost import layout
+
+    raw = {
+        "name": name, "model": "/m", "served_model_name": "m", "tensor_parallel_size": 1,
+        "speculative": {"model": "/d", "num_speculative_tokens": 3},
+    }  # fmt: skip
+    try:
+        render(raw, {"host": "h1"})
+        serve_ok = True
+    except UsageError:
+        serve_ok = False
+    try:
+        log = profile_log_path(name)
+    except UsageError as exc:
+        assert exc.code == "bad-input"
+        log = None
+    assert serve_ok == (log is not None) == layout.profile_name_ok(name)
+    if log is not None:
+        assert log == f"~/.fleet/run/{name}/vllm.log"
+        assert layout.run_dir(name) == os.path.join(layout.home(), ".fleet", "run", name)
+    else:
+        with pytest.raises(layout.Refused):
+            layout.run_dir(name)
 
 
 def test_templates_cannot_reach_python_internals() -> None:
