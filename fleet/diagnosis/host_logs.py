@@ -138,13 +138,6 @@ _GREP_ARGS = "grep -a -n -E -B{{window}} -A{{window}} -e {{ere}}"
 _FROM_FILE = '$T {{grep}} -- "$f"'
 _FROM_TAIL = 'head -c "$size" -- "$f" | tail -n {{tail}} | $T {{grep}}'
 _TAIL = 'head -c "$size" -- "$f" | tail -n {{lines}} | cut -b 1-{{max_line}}'
-# The follow ends when fleet closes the connection: fleet keeps the command's stdin open,
-# and the foreground ``cat`` returns at its end (EOF), then stops the ``tail -F``.
-_FOLLOW = (
-    'head -c "$size" -- "$f" | tail -n {{lines}}; '
-    '( exec tail -c +$((size + 1)) -F -- "$f" 2>/dev/null ) & t=$!; '
-    'cat >/dev/null; kill "$t" 2>/dev/null'
-)
 
 
 def output_cap(head_bytes: int = HEAD_BYTES, tail_bytes: int = TAIL_BYTES) -> int:
@@ -189,15 +182,6 @@ def tail_command(path: str, lines: int) -> shell.Command:
     """Plain ``tail`` with the same header (for showing a log without diagnosing)."""
     tail = shell.script(_TAIL, lines=int(lines), max_line=MAX_LINE_BYTES)
     return shell.sh(shell.sequence(_header(path, lines), tail))
-
-
-def follow_command(path: str, lines: int) -> shell.Command:
-    """The last ``lines`` lines of the snapshot, then ``tail -F`` from the byte after it
-    (nothing is shown twice or skipped, and the header's offset numbers every line)."""
-    # no cut here: it would end a last line still being written (tail -F goes on with it);
-    # fleet's stream splitter cuts long lines instead (fleet.transport.runner.split_lines)
-    follow = shell.script(_FOLLOW, lines=int(lines))
-    return shell.sh(shell.sequence(_header(path, lines), follow))
 
 
 _GREP_LINE = re.compile(r"(\d+)[:-](.*)", re.DOTALL)
@@ -422,31 +406,6 @@ def enrich(
     return out
 
 
-def follow(
-    conn: Runner,
-    path: str,
-    *,
-    lines: int = 10,
-    catalogue: CompiledCatalogue | None = None,
-    timeout: float | None = None,
-) -> Iterator[tuple[int, str, list[Diagnosis]]]:
-    """Stream ``tail -F``; yield (line number, text, diagnoses that became new with it)."""
-    got_output = False
-
-    def lines_of(stream: Iterable[str]) -> Iterator[str]:
-        nonlocal got_output
-        for raw in stream:
-            got_output = True
-            yield raw
-
-    stream = conn.stream(follow_command(path, lines), timeout=timeout)
-    yield from follow_lines(lines_of(stream), host=conn.host.name, catalogue=catalogue)
-    if not got_output:
-        raise OperationFailed(
-            f"{conn.host.name}: cannot read {path}", hint="check the profile name or --path"
-        )
-
-
 def follow_resumable(
     session: Session,
     host: HostSpec,
@@ -456,12 +415,12 @@ def follow_resumable(
     catalogue: CompiledCatalogue | None = None,
     tick: float = 1.0,
 ) -> Generator[tuple[int, str, list[Diagnosis]], None, None]:
-    """:func:`follow` that survives a dropped connection or a restarted host: the last
-    ``lines`` lines of one snapshot (and its ``#fleet`` header), then the bytes after that
-    snapshot through :class:`fleet.transport.follow.LogFollower`, which reconnects (with
-    backoff, through a :class:`~fleet.transport.link.HostLink`) and asks for the byte after
-    the last one it received -- no line is lost, repeated or renumbered across a
-    reconnect."""
+    """``fleet logs --follow``: yield (line number, text, diagnoses that became new with
+    it), surviving a dropped connection or a restarted host. The last ``lines`` lines of
+    one snapshot (and its ``#fleet`` header), then the bytes after that snapshot through
+    :class:`fleet.transport.follow.LogFollower`, which reconnects (with backoff, through a
+    :class:`~fleet.transport.link.HostLink`) and asks for the byte after the last one it
+    received -- no line is lost, repeated or renumbered across a reconnect."""
     from fleet.transport.follow import LogFollower
     from fleet.transport.link import HostLink
     from fleet.transport.runner import split_lines
@@ -483,8 +442,8 @@ def follow_resumable(
         snapshot = snapshot[:-1]  # the newline is cut's, not the file's
 
     def chunks() -> Iterator[bytes]:
-        # one byte stream, as the single remote command of `follow` gives: a last line of
-        # the snapshot without its newline yet is joined with the rest that follows
+        # one byte stream: a last line of the snapshot without its newline yet is joined
+        # with the rest that follows
         yield snapshot
         try:
             yield from follower.chunks()
@@ -497,7 +456,7 @@ def follow_resumable(
 def follow_lines(
     stream: Iterable[str], *, host: str | None = None, catalogue: CompiledCatalogue | None = None
 ) -> Iterator[tuple[int, str, list[Diagnosis]]]:
-    """The pure part of :func:`follow`: ``#fleet`` header, then numbered lines.
+    """The pure part of :func:`follow_resumable`: ``#fleet`` header, then numbered lines.
 
     The ranked results are recomputed only when the engine found something new (a rule's
     first match, a new exception): a long run of matching lines costs one computation per

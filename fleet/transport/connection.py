@@ -248,7 +248,7 @@ class HostConnection:
         ``tick`` yields ``b""`` and goes on waiting (a caller that watches the clock while
         a remote command is silent). The command's stdin stays open while the stream is
         read: closing the generator closes the channel, and a remote command that waits
-        for the end of its stdin (``cat >/dev/null; kill ...``, see fleet.diagnosis.host_logs)
+        for the end of its stdin (``cat <&3 >/dev/null; kill ...``, see fleet.transport.follow)
         ends with it even when it never writes again. A dropped connection raises
         :class:`ConnectionLost`.
         """

@@ -8,11 +8,9 @@ are checked on the real ``grep``/``awk``/``tail``; nothing of the code under tes
 from __future__ import annotations
 
 import os
-import select
 import shlex
 import shutil
 import stat
-import subprocess
 import time
 from collections.abc import Generator
 from pathlib import Path
@@ -24,6 +22,7 @@ from fleet.diagnosis import Engine
 from fleet.diagnosis import host_logs as R
 from fleet.inventory import HostSpec
 from fleet.transport import LocalRunner
+from fleet.transport.follow import follow_command
 
 OOM = (
     "(EngineCore_DP0 pid=7) ERROR 11-02 10:15:01 [core.py:708] torch.OutOfMemoryError: CUDA out "
@@ -57,7 +56,7 @@ def test_every_remote_command_is_one_sh_word(tmp_path: Path) -> None:
         R.grep_command(str(log)),
         R.grep_command(str(log), tail=5),
         R.tail_command(str(log), 5),
-        R.follow_command(str(log), 5),
+        follow_command(str(log), start=1, pid=0, token="t0"),
         R.grep_command("~/.fleet/run/p/vllm.log"),
     ]
     for cmd in commands:
@@ -182,37 +181,26 @@ def test_tail_counts_a_last_line_without_newline(tmp_path: Path) -> None:
 
 
 def test_follow_starts_where_the_snapshot_ends(tmp_path: Path) -> None:
-    """``tail -n`` of the snapshot, then ``tail -F`` from the byte after it: the lines
-    written meanwhile are neither lost nor shown twice, and numbers stay right."""
+    """``tail -n`` of the snapshot, then the follow from the byte after it: the lines
+    written meanwhile (by the snapshot's own ``wc``) are neither lost nor shown twice, and
+    numbers stay right."""
     log = tmp_path / "f.log"
     log.write_text("".join(f"l{n}\n" for n in range(1, 11)) + "l11-start")
-    env = _growing_wc(tmp_path / "bin", log)
-    proc = subprocess.Popen(  # stdin held open: the follow ends when it closes
-        ["sh", "-c", R.follow_command(str(log), 3)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
-    )
-    data = b""
+    session = _Session(LocalConnection(env=_growing_wc(tmp_path / "bin", log)))
+    got: list[tuple[int, str]] = []
+    follow = R.follow_resumable(session, session.runner.host, str(log), lines=3, tick=0.2)
     try:
-        assert proc.stdout is not None
-        fd = proc.stdout.fileno()
-        deadline = time.monotonic() + 30
-        while data.count(b"\n") < 1 + 3 + 5 and time.monotonic() < deadline:
-            if select.select([fd], [], [], 1.0)[0]:  # header, l9-l11, the grown lines
-                data += os.read(fd, 65536)
+        for n, text, _fresh in follow:  # l9, l10, l11-start + the grown lines
+            got.append((n, text))
+            if len(got) == 3 + 4:
+                break
     finally:
-        proc.kill()
-        proc.wait()
-    got = data.decode().split("\n")[:9]
-    assert len(got) == 9, got
-    header = R.Header()
-    numbered = list(R.parse_numbered(got, header))
+        follow.close()
     final = log.read_text().split("\n")
-    for n, text in numbered:
+    for n, text in got:
         assert final[n - 1] == text, (n, text)
-    assert numbered[0] == (9, "l9")
-    assert numbered[2][1].startswith("l11-start")
+    assert [n for n, _ in got] == list(range(9, 16))
+    assert got[0] == (9, "l9") and got[2] == (11, "l11-startgrown 1")
 
 
 # --------------------------------------------------------------------------- follow cost (6)
@@ -236,19 +224,19 @@ def test_follow_recomputes_results_only_for_new_findings(
     log.write_text("".join(f"l{n}\n" for n in range(100)) + "\n".join(body) + "\n")
     fresh_ids: list[tuple[int, str]] = []
     count = 0
-    for n, _text, fresh in R.follow(LocalConnection(), str(log), lines=len(body), timeout=3):
-        count += 1
-        fresh_ids += [(n, d.id) for d in fresh]
+    session = _Session(LocalConnection())
+    follow = R.follow_resumable(session, session.runner.host, str(log), lines=len(body), tick=0.2)
+    try:
+        for n, _text, fresh in follow:
+            count += 1
+            fresh_ids += [(n, d.id) for d in fresh]
+            if n == 100 + len(body):  # the log's last line
+                break
+    finally:
+        follow.close()
     assert count == len(body)
     assert fresh_ids == [(150, "cuda-oom"), (100 + len(body), "kv-cache-no-memory")]
     assert calls["n"] <= 4  # one per new finding, not one per matching line
-
-
-def test_follow_of_an_unreadable_file_fails() -> None:
-    from fleet.errors import OperationFailed
-
-    with pytest.raises(OperationFailed, match="cannot read"):
-        list(R.follow(LocalConnection(), "/no/such/x.log", timeout=3))
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
