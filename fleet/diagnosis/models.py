@@ -84,6 +84,14 @@ TAXONOMY: tuple[str, ...] = (
     "unrecognized-error",
 )
 
+# The ids fleet reports from what it observes itself (its stall and time-out watch, the
+# supervisor, the preflight and the group preflight, built by fleet.diagnosis.factory): no
+# line a vLLM log holds says them, so their catalogue entries have texts and no patterns.
+OBSERVED_BY_FLEET: frozenset[str] = frozenset({
+    "load-stalled", "supervisor-died", "patch-not-applied", "node-mismatch",
+    "multinode-unsupported", "node-unreachable",
+})  # fmt: skip
+
 # Rank of a rule's role: a specific cause first, then symptoms that usually follow a cause
 # (a worker or the engine died), then an exception no rule explains (``unrecognized-error``),
 # then the generic wrappers ("Engine core initialization failed. See root cause above").
