@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("fleet.cli.cmd_serve:serve", "Serve a profile: preflight, launch, follow, ready."),
     "status": ("fleet.cli.cmd_serve:status", "State of each profile's server per host."),
     "stop": ("fleet.cli.cmd_serve:stop", "Stop a profile's server (idempotent)."),
+    "rollout": ("fleet.cli.cmd_rollout:rollout", "Rolling, health-gated update of a profile."),
     "profile": ("fleet.cli.cmd_serve:profile", "Serve profiles: JSON Schema, rendered view."),
     "sandbox": ("fleet.cli.cmd_sandbox:sandbox", "Rehearsal fleet on this machine (real sshd)."),
 }

@@ -165,6 +165,8 @@ def _progress_text(event: dict[str, Any]) -> str:
 def _event_line(event: dict[str, Any]) -> str | None:
     kind = event["event"]
     t = f"[{_clock(event.get('t'))}]"
+    if kind in ("rollout", "bench"):
+        return f"{t} {event.get('message')}"
     if kind == "preflight":
         found = event.get("diagnoses") or []
         return f"{t} preflight: " + ("ok" if event.get("ok") else "found " + ", ".join(found))

@@ -219,7 +219,8 @@ def op_preflight(request: Dict[str, Any]) -> Dict[str, Any]:
         out["vllm"]["models"] = model_classes(package_dir)
         out["vllm"]["allowlist"] = allowlists(package_dir)
     out["target"] = _model_dir(str(profile["model"]))
-    out["drafter"] = _model_dir(str(profile["drafter"]))
+    if profile.get("drafter"):
+        out["drafter"] = _model_dir(str(profile["drafter"]))
     if package_dir:
         out["vllm"]["knows"] = _vllm_knows(package_dir, _config_names(out))
     out["gpus"] = part_gpus()
@@ -258,6 +259,8 @@ _OFFERS = (
     ),
     ("distributed_timeout_seconds", ("engine/arg_utils.py",), '"--distributed-timeout-seconds"'),
     ("engine_ready_timeout", ("envs.py",), '"VLLM_ENGINE_READY_TIMEOUT_S"'),
+    # SIGTERM drains in-flight requests for up to N seconds instead of aborting them (0.18+)
+    ("shutdown_timeout", ("engine/arg_utils.py",), '"--shutdown-timeout"'),
 )
 
 
@@ -442,6 +445,8 @@ def op_launch(request: Dict[str, Any]) -> Dict[str, Any]:
             "port": request.get("port"),
             "supervisor": sup.name,
             "supervisor_source": getattr(sup, "tools", {}).get("source") or sup.name,
+            # what the server runs (the rendered profile's sha256): fleet rollout compares it
+            "fingerprint": request.get("fingerprint"),
         }
         if request.get("node"):
             state["node"] = request["node"]  # its part of a server across hosts

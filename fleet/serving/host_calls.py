@@ -103,7 +103,7 @@ def preflight(
     seen: dict[str, Any] = {
         "name": profile.name,
         "model": profile.model,
-        "drafter": profile.speculative.model,
+        "drafter": profile.speculative.model if profile.speculative is not None else None,
         "host": "0.0.0.0" if profile.host in ("0.0.0.0", "::") else profile.host,
         "port": profile.port,
         "vllm": profile.vllm_executable(python),
@@ -125,12 +125,17 @@ def launch(
     launch_id: str,
     node: Node | None = None,
     argv: list[str] | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> LaunchAnswer:
     """Write the profile's files and start it under ``backend`` (supervisord: fleet's own,
     installed from the wheel fleet pushes when the host has none). Safe to send again
-    with the same ``launch_id`` after a dropped connection: the host starts it once."""
+    with the same ``launch_id`` after a dropped connection: the host starts it once.
+    ``extra_args``: more ``vllm serve`` arguments this host's vLLM takes (e.g.
+    ``--shutdown-timeout``). The launch record keeps the profile's fingerprint."""
     layout = units.Layout(home=home, profile=profile.name)
     python = conn.host.python or "python3"
+    if argv is None and extra_args:
+        argv = [profile.vllm_executable(python), "serve", *profile.vllm_args(node), *extra_args]
     request: dict[str, Any] = {
         "op": "launch",
         "name": profile.name,
@@ -139,6 +144,7 @@ def launch(
         "stop_timeout": profile.stop_grace_s + 30,
         "supervisor": backend,
         "launch_id": launch_id,
+        "fingerprint": profile.fingerprint(),
         "files": supervisor.files(
             backend, profile, layout, python=python, secrets=units.secrets_file(secrets),
             node=node, argv=argv,

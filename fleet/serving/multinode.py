@@ -241,7 +241,10 @@ def judge_group(
             continue
         differ = [f for f in SHARED_FIELDS if getattr(mine, f) != getattr(profile, f)]
         spec = ("method", "num_speculative_tokens", "draft_tensor_parallel_size")
-        if any(getattr(mine.speculative, f) != getattr(profile.speculative, f) for f in spec):
+        if (mine.speculative is None) != (profile.speculative is None) or any(
+            getattr(mine.speculative, f, None) != getattr(profile.speculative, f, None)
+            for f in spec
+        ):
             differ.append("speculative")  # the drafter's path may differ per host
         if differ:
             found(member.host.name, "node-mismatch",

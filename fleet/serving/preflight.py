@@ -156,6 +156,8 @@ def gpus_fit(seen: Seen) -> list[Diagnosis]:
 
 
 def draft_tp(seen: Seen) -> list[Diagnosis]:
+    if seen.profile.speculative is None:
+        return []
     draft = seen.profile.speculative.draft_tensor_parallel_size
     tp = seen.profile.tensor_parallel_size
     if draft is None or draft in (1, tp):
@@ -198,14 +200,16 @@ def target_files(seen: Seen) -> list[Diagnosis]:
 
 
 def drafter_files(seen: Seen) -> list[Diagnosis]:
+    if seen.profile.speculative is None:
+        return []
     return _model_files(seen, "drafter", seen.answer.drafter, seen.profile.speculative.model)
 
 
 def eagle3_support(seen: Seen) -> list[Diagnosis]:
     """The target class must implement SupportsEagle3 (the runner checks the OUTER model)
     and its text model_type must pass the config-time allowlist (0.10-0.20)."""
-    vllm, target = seen.answer.vllm, seen.target
-    if seen.profile.speculative.method != "eagle3" or not vllm.path or target is None:
+    vllm, target, spec = seen.answer.vllm, seen.target, seen.profile.speculative
+    if spec is None or spec.method != "eagle3" or not vllm.path or target is None:
         return []
     out: list[Diagnosis] = []
     model_type = seen.target_text.get("model_type")
@@ -266,7 +270,7 @@ def drafter_fits(seen: Seen) -> list[Diagnosis]:
     """Architecture and config type known to the installed vLLM; hidden size, vocab and
     aux-layer ids that fit the target."""
     target, drafter = seen.target, seen.drafter
-    if target is None or drafter is None:
+    if target is None or drafter is None or seen.profile.speculative is None:
         return []
     knows = seen.answer.vllm.knows
     text = seen.target_text

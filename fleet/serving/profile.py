@@ -85,7 +85,11 @@ class Profile(_Model):
     model: str = Field(min_length=1, description="The target model: a local path or a hub id.")
     served_model_name: str = Field(min_length=1)
     tensor_parallel_size: int = Field(ge=1, le=64)
-    speculative: SpeculativeConfig
+    speculative: SpeculativeConfig | None = Field(
+        default=None,
+        description="The drafter and --speculative-config; none: a plain server (e.g. the "
+        "baseline of `fleet bench`).",
+    )
     port: int = Field(default=8000, ge=1, le=65535)
     host: str = Field(default="0.0.0.0", description="vLLM's --host (the address it binds).")
     max_model_len: int | None = Field(default=None, ge=16)
@@ -196,10 +200,28 @@ class Profile(_Model):
         parent = python.rsplit("/", 1)[0] if "/" in python else ""
         return f"{parent}/vllm" if parent else "vllm"
 
-    def speculative_json(self) -> str:
+    def speculative_json(self) -> str | None:
         import json
 
+        if self.speculative is None:
+            return None
         return json.dumps(self.speculative.model_dump(exclude_none=True), separators=(",", ":"))
+
+    def fingerprint(self) -> str:
+        """sha256 of what this profile serves, rendered for its host (every field; the
+        secrets by reference only: their file and required keys, never a value). The launch
+        records it on the host, so ``fleet rollout`` can tell a server of this profile as
+        it is now from one started from an earlier version of it."""
+        import hashlib
+        import json
+
+        doc = self.model_dump(mode="json")
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    def without_drafter(self) -> Profile:
+        """The same server without speculative decoding (``fleet bench``'s baseline)."""
+        return self.model_copy(update={"speculative": None})
 
     def vllm_args(self, node: Node | None = None) -> list[str]:
         """``vllm serve`` arguments, as vLLM's argparse reads them (``node``: this host's
@@ -210,8 +232,11 @@ class Profile(_Model):
             self.served_model_name,
             "--tensor-parallel-size",
             str(self.tensor_parallel_size),
-            "--speculative-config",
-            self.speculative_json(),
+        ]
+        spec = self.speculative_json()
+        if spec is not None:
+            args += ["--speculative-config", spec]
+        args += [
             "--host",
             self.host,
             "--port",

@@ -173,6 +173,45 @@ def parse_metrics(text: str, model_name: str | None = None) -> SpecCounters:
 
 
 @dataclass
+class Load:
+    """The requests an engine holds at one scrape (``vllm:num_requests_running`` and
+    ``vllm:num_requests_waiting``, summed over engines)."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    found: bool = False
+
+    @property
+    def idle(self) -> bool:
+        return self.running <= 0 and self.waiting <= 0
+
+
+def parse_load(text: str) -> Load:
+    """The in-flight and queued requests of a ``/metrics`` exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = Load()
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError) as exc:
+        raise OperationFailed(f"unreadable /metrics: {exc}") from None
+    for family in families:
+        for sample in family.samples:
+            if sample.name == "vllm:num_requests_running":
+                out.running += sample.value
+                out.found = True
+            elif sample.name == "vllm:num_requests_waiting":
+                out.waiting += sample.value
+                out.found = True
+    return out
+
+
+def load(conn: Runner, port: int) -> Load:
+    """``/metrics``' request gauges of the server on the host's ``port``."""
+    return parse_load(_metrics(conn, port))
+
+
+@dataclass
 class SpecDecode:
     acceptance_rate: float | None
     mean_acceptance_length: float | None

@@ -137,6 +137,17 @@ def endpoint(host: HostSpec, profile: Profile) -> str:
     return f"http://{host.target}:{profile.port}"
 
 
+def drain_args(profile: Profile, observed: PreflightAnswer) -> tuple[str, ...]:
+    """Where the host's vLLM has ``--shutdown-timeout`` (0.18+), a stop drains the requests
+    in flight for up to the profile's grace period instead of aborting them (the
+    supervisor waits that long, and 30 s more, before it kills)."""
+    if not observed.vllm.offers.get("shutdown_timeout"):
+        return ()
+    if any(a.split("=", 1)[0] == "--shutdown-timeout" for a in profile.extra_args):
+        return ()
+    return ("--shutdown-timeout", str(int(profile.stop_grace_s)))
+
+
 def required_patch_set(profile: Profile) -> PatchSet | None:
     """The patch set the profile's ``requires_patch`` names (an unknown one: exit 2)."""
     if not profile.requires_patch:
@@ -288,6 +299,7 @@ class _Serve:
                     restart=options.restart,
                     backend=choice.backend,  # type: ignore[arg-type]
                     launch_id=launch_id,
+                    extra_args=drain_args(profile, observed),
                 ),
             )
         except HostRefusal as exc:
