@@ -112,6 +112,11 @@ SIM_KNOBS = {
     "truncate_then": "resume",  # "resume" | "kill" (SIGKILL of the process group)
     "number_lines": False,  # " [seq=N]" before each line ending (all processes, from 1)
     "http_delay_s": 0.0,  # every HTTP answer this late (a cut lands inside readiness)
+    # generation time (vllm_sim_http.sim_schedule): a decode step, the prefill per prompt
+    # token, and the drafter's share of a step per speculative token; 0: answers at once
+    "step_ms": 0.0,
+    "prefill_ms_per_token": 0.0,
+    "draft_cost": 0.05,
     "rendezvous_timeout_s": None,  # torch's 600 s store timeout, else compressed as the load
 }
 SIM_PHASES = (
@@ -1739,6 +1744,11 @@ class Sim:
             quiet,
             self.family["health_dead_status"],
             float(self.knobs.get("http_delay_s") or 0.0),
+            timing={
+                "step_ms": float(self.knobs.get("step_ms") or 0.0),
+                "prefill_ms_per_token": float(self.knobs.get("prefill_ms_per_token") or 0.0),
+                "draft_cost": float(self.knobs.get("draft_cost") or 0.0) * self.k,
+            },
         )
         self.api.stderr("INFO:     Application startup complete.\n")
         assert self.sock is not None

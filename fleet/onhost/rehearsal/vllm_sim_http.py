@@ -114,6 +114,19 @@ class SimMetrics:
         self.success: Dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
         self.running = 0
 
+    def begin(self) -> None:
+        """A request enters the engine (`vllm:num_requests_running` counts it)."""
+        with self.lock:
+            self.running += 1
+
+    def end(self) -> None:
+        with self.lock:
+            self.running = max(0, self.running - 1)
+
+    def tokens_per_step(self) -> float:
+        """Tokens one decode step yields on average: 1, plus the accepted drafts."""
+        return 1.0 + sum(self.rates)
+
     def accepted_per_pos(self) -> List[int]:
         return [math.floor(e + 1e-9) for e in self.expected]
 
@@ -231,6 +244,28 @@ def sim_text(model: str, prompt: str, tokens: int) -> str:
     return " " + " ".join(rng.choice(SIM_WORDS) for _ in range(max(0, tokens)))
 
 
+def sim_schedule(
+    prompt_tokens: int, max_tokens: int, per_step: float, timing: Dict[str, float]
+) -> List[Tuple[float, int]]:
+    """When the tokens of one request come out: ``[(seconds after the previous step,
+    tokens)]``. The prefill step yields the first token (``prefill_ms_per_token`` per prompt
+    token, plus a step); each decode step after it yields ``per_step`` tokens on average (1
+    plus the accepted drafts: the fractions carried over, so the counts are exact) and
+    costs ``step_ms``, times ``1 + draft_cost`` per speculative token when a drafter runs."""
+    step_s = float(timing.get("step_ms") or 0.0) / 1000.0
+    decode_s = step_s * (1.0 + float(timing.get("draft_cost") or 0.0))
+    prefill_s = float(timing.get("prefill_ms_per_token") or 0.0) / 1000.0 * prompt_tokens
+    out = [(prefill_s + step_s, 1)] if max_tokens > 0 else []
+    emitted, carried = 1, 0.0
+    while emitted < max_tokens:
+        carried += per_step
+        take = min(int(carried + 1e-9), max_tokens - emitted)
+        carried -= take
+        out.append((decode_s, take))
+        emitted += take
+    return out
+
+
 class SimServer(ThreadingMixIn, HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -251,6 +286,7 @@ class SimApp:
         quiet_paths: List[str],
         dead_status: int,
         delay_s: float = 0.0,
+        timing: Optional[Dict[str, float]] = None,
     ) -> None:
         self.served = served
         self.root = root
@@ -263,6 +299,9 @@ class SimApp:
         self.dead = False
         self.dead_status = dead_status
         self.delay_s = delay_s  # a test knob: every answer this late (a slow network)
+        # how long generation takes (sim_schedule): step_ms, prefill_ms_per_token and
+        # draft_cost (the drafter's share of a step per speculative token); 0: at once
+        self.timing = dict(timing or {})
         self.created = int(time.time())
         self.counter = 0
         self.lock = threading.Lock()
@@ -291,14 +330,7 @@ def sim_handler(app: SimApp) -> Any:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)
-            path = self.path.split("?", 1)[0]
-            if path not in app.quiet_paths:
-                client = "%s:%d" % (self.client_address[0], self.client_address[1])
-                phrase = self.responses.get(status, ("",))[0]
-                app.access_log(
-                    'INFO:     %s - "%s %s HTTP/%s" %d %s'
-                    % (client, self.command, self.path, self.request_version[5:], status, phrase)
-                )
+            self._log_access(status)
 
         def _json(self, status: int, doc: Any) -> None:
             self._send(status, json.dumps(doc).encode("utf-8"))
@@ -385,9 +417,25 @@ def sim_handler(app: SimApp) -> Any:
                     % (app.max_model_len, prompt_tokens + max_tokens, prompt_tokens, max_tokens),
                 )
                 return
-            text = sim_text(model, prompt, max_tokens)
-            app.metrics.observe(prompt_tokens, max_tokens, "length")
+            stream = bool(body.get("stream"))
+            options = body.get("stream_options")
+            usage_chunk = isinstance(options, dict) and bool(options.get("include_usage"))
+            steps = sim_schedule(prompt_tokens, max_tokens, app.metrics.tokens_per_step(),
+                                 app.timing)  # fmt: skip
+            words = sim_text(model, prompt, max_tokens).split(" ")[1:]
             ident = app.next_id()
+            app.metrics.begin()
+            try:
+                if stream:
+                    self._stream(path, model, ident, steps, words, prompt_tokens, usage_chunk)
+                    return
+                for wait, _count in steps:
+                    if wait > 0:
+                        time.sleep(wait)
+            finally:
+                app.metrics.end()
+            text = " " + " ".join(words) if words else ""
+            app.metrics.observe(prompt_tokens, max_tokens, "length")
             usage = {
                 "prompt_tokens": prompt_tokens,
                 "total_tokens": prompt_tokens + max_tokens,
@@ -428,6 +476,84 @@ def sim_handler(app: SimApp) -> Any:
                     "usage": usage,
                 }
             self._json(200, doc)
+
+        def _stream(
+            self,
+            path: str,
+            model: str,
+            ident: int,
+            steps: List[Tuple[float, int]],
+            words: List[str],
+            prompt_tokens: int,
+            usage_chunk: bool,
+        ) -> None:
+            """Server-sent events as vLLM streams them: one chunk per engine step (a step
+            with accepted drafts carries several tokens), the finish reason on the last,
+            the usage chunk when asked (``stream_options.include_usage``), ``[DONE]``."""
+            chat = path == "/v1/chat/completions"
+            if app.delay_s > 0:
+                time.sleep(app.delay_s)
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream; charset=utf-8")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            self._log_access(200)
+            created = int(time.time())
+            head: Dict[str, Any] = {
+                "id": ("chatcmpl-%032x" if chat else "cmpl-%032x") % ident,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": created,
+                "model": model,
+            }
+
+            def choice(text: str, finish: Optional[str]) -> Dict[str, Any]:
+                if chat:
+                    return {"index": 0, "delta": {"content": text}, "logprobs": None,
+                            "finish_reason": finish}  # fmt: skip
+                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                        "stop_reason": None}  # fmt: skip
+
+            sent = 0
+            try:
+                if chat:
+                    hello = {"role": "assistant", "content": ""}
+                    first = {"index": 0, "delta": hello, "logprobs": None, "finish_reason": None}
+                    self._chunk("data: %s\n\n" % json.dumps(dict(head, choices=[first])))
+                for number, (wait, count) in enumerate(steps):
+                    if wait > 0:
+                        time.sleep(wait)
+                    text = "".join(" " + w for w in words[sent : sent + count])
+                    sent += count
+                    last = number == len(steps) - 1
+                    doc = dict(head, choices=[choice(text, "length" if last else None)])
+                    if not chat:
+                        doc["usage"] = None
+                    self._chunk("data: %s\n\n" % json.dumps(doc))
+                if usage_chunk:
+                    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + sent,
+                             "completion_tokens": sent}  # fmt: skip
+                    self._chunk("data: %s\n\n" % json.dumps(dict(head, choices=[], usage=usage)))
+                self._chunk("data: [DONE]\n\n")
+                self._chunk("")
+            except OSError:  # the client went away: vLLM aborts the request
+                app.metrics.observe(prompt_tokens, sent, "abort")
+                return
+            app.metrics.observe(prompt_tokens, sent, "length")
+
+        def _chunk(self, text: str) -> None:
+            data = text.encode("utf-8")
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _log_access(self, status: int) -> None:
+            path = self.path.split("?", 1)[0]
+            if path not in app.quiet_paths:
+                client = "%s:%d" % (self.client_address[0], self.client_address[1])
+                phrase = self.responses.get(status, ("",))[0]
+                app.access_log(
+                    'INFO:     %s - "%s %s HTTP/%s" %d %s'
+                    % (client, self.command, self.path, self.request_version[5:], status, phrase)
+                )
 
         def _error(self, status: int, kind: str, message: str, param: Optional[str] = None) -> None:
             self._json(
