@@ -1196,7 +1196,7 @@ SCENARIOS: list[Scenario] = [
     Scenario(
         "gloo-interface",
         "network-interface-wrong",
-        "PyTorch gloo transport, vLLM docs usage/troubleshooting.md (Incorrect network setup)",
+        "PyTorch gloo transport, vllm-project/vllm:docs/usage/troubleshooting.md (Incorrect network setup)",
         exc=[
             "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error"
         ],

@@ -140,8 +140,9 @@ def _corpus_lines() -> list[str]:
     lines: list[str] = []
     for log in sorted((CORPUS / "logs").glob("*.log")):
         lines.extend(log.read_text(encoding="utf-8").splitlines())
-    dev = Path(__file__).resolve().parents[2].parent / "shared" / "crashlogs-dev"
-    for log in sorted(dev.glob("*.log")):
+    dev = sorted((CORPUS / "dev").glob("*.log"))
+    assert dev, "the dev crash logs are in tests/corpus/dev/"
+    for log in dev:
         lines.extend(log.read_text(encoding="utf-8", errors="replace").splitlines())
     return lines
 

@@ -21,7 +21,7 @@ from fleet.diagnosis.scan import diagnose_file
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "corpus"
-DEV = REPO.parent / "shared" / "crashlogs-dev"
+DEV = CORPUS / "dev"
 
 
 def _labels(root: Path, logs: Path) -> dict[Path, str]:
@@ -34,8 +34,6 @@ def own_corpus() -> dict[Path, str]:
 
 
 def dev_corpus() -> dict[Path, str]:
-    if not (DEV / "labels.json").is_file():
-        pytest.skip(f"dev crash logs not found at {DEV} (the shared directory beside the repo)")
     return _labels(DEV, DEV)
 
 
@@ -61,7 +59,9 @@ def table(per: dict[str, tuple[int, int]]) -> str:
 
 
 def test_dev_corpus_primary_diagnosis_matches_label() -> None:
-    per, wrong = accuracy(dev_corpus())
+    labels = dev_corpus()
+    assert {p.name for p in DEV.glob("*.log")} == {p.name for p in labels}, "a label per log"
+    per, wrong = accuracy(labels)
     print("\ndev corpus accuracy per id\n" + table(per))
     assert not wrong, "\n".join(wrong)
 
@@ -84,10 +84,7 @@ def test_own_corpus_covers_every_shape() -> None:
 
 
 def _all_logs() -> list[Path]:
-    logs = sorted((CORPUS / "logs").glob("*.log"))
-    if (DEV / "labels.json").is_file():
-        logs += sorted(DEV.glob("*.log"))
-    return logs
+    return sorted((CORPUS / "logs").glob("*.log")) + sorted(DEV.glob("*.log"))
 
 
 def _summary(diags: list) -> list[tuple[str, list[int]]]:  # type: ignore[type-arg]

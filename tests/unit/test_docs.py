@@ -10,7 +10,7 @@ from fleet.diagnosis.models import TAXONOMY
 
 ROOT = Path(__file__).resolve().parents[2]
 CITED = re.compile(
-    r"\b((?:docs|templates|playbooks|scripts|benchmarks)/[\w./-]+\.(?:md|tsv|yaml|py|sh))"
+    r"(?<![\w./:-])((?:docs|templates|playbooks|scripts|benchmarks)/[\w./-]+\.(?:md|tsv|yaml|py|sh))"
 )
 PLACEHOLDERS = re.compile(r"[A-Z]{3,}")  # playbooks/PROFILE.yaml names a pattern, not a file
 
@@ -35,6 +35,74 @@ def test_every_document_the_code_cites_is_in_the_repository() -> None:
     for path in ROOT.joinpath("fleet").rglob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert "DESIGN.md" not in text and "shared/research" not in text, path
+
+
+# Any ``*.md`` file or ``shared/`` path named in these must be in the repository (relative to
+# the naming file's directory or to the root). Another project's file is named
+# ``owner/repo:path`` (``vllm-project/vllm:docs/usage/troubleshooting.md``), a web page by
+# its URL: neither is a reference to check.
+MD_REF = re.compile(r"(?<![\w./:-])((?:\.\./)*[\w-][\w./-]*\.md)(?![\w/-])")
+SHARED_REF = re.compile(r"(?<![\w.-])((?:\.\./)*shared/[^\s`'\")\]]*)")
+
+
+def _reference_sources() -> list[Path]:
+    here = Path(__file__).resolve()
+    found = [
+        *ROOT.joinpath("fleet").rglob("*.py"),
+        *ROOT.joinpath("fleet").rglob("*.yaml"),
+        *ROOT.joinpath("docs").rglob("*.md"),
+        *ROOT.joinpath("tests").rglob("*.py"),
+        *ROOT.joinpath("tests").rglob("*.md"),
+        ROOT / "CONTRIBUTING.md",
+        ROOT / "README.md",
+    ]
+    return [p for p in found if p.resolve() != here]  # this file names what it looks for
+
+
+def _in_a_url(text: str, start: int) -> bool:
+    word = max(text.rfind(c, 0, start) for c in " \t\n(<`'\"") + 1
+    return "://" in text[word:start]
+
+
+def dangling_references(path: Path) -> list[str]:
+    text = path.read_text(encoding="utf-8")
+    out = []
+    for rx in (MD_REF, SHARED_REF):
+        for m in rx.finditer(text):
+            ref = m.group(1).rstrip(".")
+            if _in_a_url(text, m.start(1)):
+                continue
+            if (path.parent / ref).exists() or (ROOT / ref).exists():
+                continue
+            line = text.count("\n", 0, m.start(1)) + 1
+            out.append(f"{path.relative_to(ROOT)}:{line}: {ref}")
+    return out
+
+
+def test_every_md_file_and_shared_path_named_is_in_the_repository() -> None:
+    """Research notes, design documents and crash logs the code, docs and tests name are
+    in the repository (docs/research/, tests/corpus/dev/), not beside it."""
+    missing = [ref for path in _reference_sources() for ref in dangling_references(path)]
+    assert not missing, "\n".join(missing)
+
+
+def test_a_dangling_reference_is_found(tmp_path: Path) -> None:
+    note = ROOT / "docs" / "research" / "vllm-serve.md"
+    assert not dangling_references(note)
+    fake = ROOT / "docs" / "research" / "_dangling_check.md"  # beside the real notes
+    try:
+        fake.write_text(
+            "see `vllm-eagle3.md` and vllm-serve.md, `research/anchors_fleet.md` §4 and\n"
+            "`shared/crashlogs-dev/23-x.log`; not vllm-project/vllm:docs/usage/x.md nor\n"
+            "https://example.invalid/a/README.md\n",
+            encoding="utf-8",
+        )
+        assert [r.split(": ", 1)[1] for r in dangling_references(fake)] == [
+            "research/anchors_fleet.md",
+            "shared/crashlogs-dev/23-x.log",
+        ]
+    finally:
+        fake.unlink()
 
 
 def test_the_taxonomy_page_names_every_id() -> None:
