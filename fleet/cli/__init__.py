@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("fleet.cli.cmd_serve:status", "State of each profile's server per host."),
     "stop": ("fleet.cli.cmd_serve:stop", "Stop a profile's server (idempotent)."),
     "rollout": ("fleet.cli.cmd_rollout:rollout", "Rolling, health-gated update of a profile."),
+    "bench": ("fleet.cli.cmd_bench:bench", "Measure a served profile with and without EAGLE-3."),
     "profile": ("fleet.cli.cmd_serve:profile", "Serve profiles: JSON Schema, rendered view."),
     "sandbox": ("fleet.cli.cmd_sandbox:sandbox", "Rehearsal fleet on this machine (real sshd)."),
 }

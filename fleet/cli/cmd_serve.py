@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fleet.cli.context import AppContext, Seconds, host_option, pass_app
-from fleet.errors import EXIT_OK
+from fleet.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -204,6 +204,8 @@ def _event_line(event: dict[str, Any]) -> str | None:
               help="No new output for S seconds: stalled [default: the profile's].")  # fmt: skip
 @click.option("--skip-preflight", is_flag=True, help="Start even if preflight finds a problem.")
 @click.option("--restart", is_flag=True, help="Replace a server already running this profile.")
+@click.option("--no-drafter", is_flag=True,
+              help="Serve it without its drafter (a fleet bench baseline).")  # fmt: skip
 @click.option("--events", is_flag=True, help="One JSON object per event on stdout.")
 @pass_app
 def serve(
@@ -215,6 +217,7 @@ def serve(
     stall_timeout: float | None,
     skip_preflight: bool,
     restart: bool,
+    no_drafter: bool,
     events: bool,
 ) -> int:
     """Serve PROFILE (playbooks/PROFILE.yaml) on each host: preflight, start vLLM under a
@@ -241,12 +244,15 @@ def serve(
     with Display(app, [h.name for h in selected], events=events) as display:
         try:
             if for_host(profile, selected[0]).nodes > 1:
+                if no_drafter:
+                    raise UsageError("--no-drafter: not for a server across several hosts")
                 outcomes = _serve_groups(app, session, selected, profile, options, display)
             else:
+                variant = (lambda p: p.without_drafter()) if no_drafter else None
 
                 def one(host: HostSpec) -> ServeResult:
                     # serve_host owns the host's connection (its HostLink) for the whole serve
-                    return serve_host(session, host, profile, options, display)
+                    return serve_host(session, host, profile, options, display, variant=variant)
 
                 outcomes = app.map_hosts(selected, one, session)
         except KeyboardInterrupt:
@@ -479,7 +485,6 @@ def profile_show(app: AppContext, name: str, host: str) -> int:
     """PROFILE rendered with HOST's inventory variables (secrets are named, never read)."""
     import yaml
 
-    from fleet.errors import UsageError
     from fleet.serving.profile import for_host
 
     matches = app.select([host])

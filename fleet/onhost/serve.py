@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from fleet.onhost._common import find_vllm, hold_on_hangup, vllm_version
 from fleet.onhost.files import FileLock, lock_held, replace_file
 from fleet.onhost.layout import home, run_dir, run_root
+from fleet.onhost.localhttp import health, metrics
 from fleet.onhost.probes import disk_usage, part_gpus, run_captured
 from fleet.onhost.supervisors import ACTIVE_STATES, backend, describe_all
 from fleet.onhost.vllm_tree import allowlists, model_classes
@@ -175,37 +176,6 @@ def _holder_of(port: int) -> Optional[str]:
         except OSError:
             continue
     return None
-
-
-def _health(port: int, timeout: float = 2.0) -> Optional[int]:
-    """The HTTP status of GET /health on this host, or None (refused, no answer)."""
-    import http.client
-
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
-
-
-def _metrics(port: int, timeout: float = 5.0, limit: int = 512 * 1024) -> Optional[str]:
-    """The text of GET /metrics on this host (Prometheus exposition), or None."""
-    import http.client
-
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", "/metrics")
-        response = conn.getresponse()
-        if response.status != 200:
-            return None
-        return response.read(limit).decode("utf-8", "replace")
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
 
 
 def op_preflight(request: Dict[str, Any]) -> Dict[str, Any]:
@@ -384,7 +354,7 @@ def _profile_state(name: str, port: int) -> Dict[str, Any]:
     out["lock_held"] = lock_held(os.path.join(directory, "lock"))
     out["program"] = _program(name, launch)
     out["launch"] = launch
-    out["health"] = _health(port) if out["program"]["state"] == "RUNNING" else None
+    out["health"] = health(port) if out["program"]["state"] == "RUNNING" else None
     return out
 
 
@@ -479,9 +449,9 @@ def op_status(request: Dict[str, Any]) -> Dict[str, Any]:
             entry["log_size"] = None
         port = launch.get("port")
         if program["state"] == "RUNNING" and isinstance(port, int):
-            entry["health"] = _health(port)
+            entry["health"] = health(port)
             if entry["health"] == 200 and request.get("metrics"):
-                entry["metrics"] = _metrics(port)
+                entry["metrics"] = metrics(port)
         profiles[str(name)] = entry
     return {"profiles": profiles}
 

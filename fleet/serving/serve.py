@@ -167,9 +167,15 @@ def serve_host(
     profile_name: str,
     options: ServeOptions,
     events: Events,
+    *,
+    variant: Callable[[Profile], Profile] | None = None,
 ) -> ServeResult:
+    """Serve the profile on the host (see the module); ``variant``: serve the profile as
+    this function changes it (``fleet bench``'s baseline: the same without its drafter)."""
     started = time.monotonic()
     profile = for_host(profile_name, host)
+    if variant is not None:
+        profile = variant(profile)
     secrets = read_secrets(profile)
     patch_set = required_patch_set(profile)
     budget = options.timeout or profile.load_timeout_s

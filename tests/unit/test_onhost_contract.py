@@ -62,12 +62,14 @@ SAMPLE: dict[str, dict[str, Any]] = {
         },
     },
 }
+SAMPLE["bench"] = {"op": "tools", "vllm": "/nonexistent/vllm"}
 # Where each script's answer names the vLLM package directory.
 PACKAGE_DIR_KEY = {
     "facts": "parts.vllm.value.path",
     "patch": "package_dir",
     "source": "vllm_dir",
     "serve": "vllm.path",
+    "bench": "vllm_dir",
 }
 OPTIONAL_IMPORTS = {"rehearsal.vllm_sim_nodes": {"ray"}}
 NEWER_APIS = ("removeprefix", "removesuffix", "strict=", "math.lcm", "str | ", "| None")
