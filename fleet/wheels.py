@@ -7,30 +7,15 @@ have no supervisord (so hosts need no package index).
 
 from __future__ import annotations
 
-import fcntl
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from fleet.errors import OperationFailed
+from fleet.localfiles import locked
 from fleet.paths import cache_dir
 
 SUPERVISOR = "supervisor==4.3.0"
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock file: one download, unpack or image build per name, across
-    processes and threads alike (each holder opens the file: flock is per open file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _find(wheels: Path, name: str, version: str) -> Path | None:

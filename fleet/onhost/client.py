@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from fleet.errors import OperationFailed
+from fleet.localfiles import atomic_write
 from fleet.onhost import _common
 from fleet.transport import shell
 
@@ -280,14 +281,10 @@ def _store_cached(found: Bundle) -> None:
     if any(s is None for s in stamps):
         return
     doc = {"name": found.name, "runner": _own_stamp(), "modules": stamps, "text": found.text}
-    path = _cache_path(found.name)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(doc), "utf-8")
-        os.replace(tmp, path)
+        atomic_write(_cache_path(found.name), json.dumps(doc))
     except OSError:  # a read-only cache costs a rebuild next time, nothing else
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def _build(name: str) -> Bundle:

@@ -2,8 +2,9 @@
 # on-host script uses (patch writes vLLM's files, serve writes a profile's run directory).
 #
 #   write_temp     a complete, fsynced temp file beside the target (a new unique name)
-#   replace_file   write_temp + rename over the target + fsync of the directory: a reader
-#                  sees the old file or the new one, never a part
+#   rename_temp    a complete temp file renamed over its target (then fsync_dir)
+#   replace_file   write_temp + rename_temp + fsync of the directory: a reader sees the
+#                  old file or the new one, never a part
 #   FileLock       an exclusive flock, waited for up to a bound, then Refused(host-busy)
 import errno
 import fcntl
@@ -101,11 +102,18 @@ def replace_file(path: str, data: bytes, like: Optional[str] = None, mode: int =
     os.makedirs(directory, mode=0o700, exist_ok=True)
     tmp = write_temp(path, data, like, mode)
     try:
-        os.replace(tmp, path)
+        rename_temp(tmp, path)
     except BaseException:
         unlink_quietly(tmp)
         raise
     fsync_dir(directory)
+
+
+def rename_temp(tmp: str, path: str) -> None:
+    """Rename ``tmp`` (a complete file of ``write_temp``) over ``path``: the second half
+    of ``replace_file``, for a writer that renames several files only once all of them
+    are written (``fleet patch``: it records each rename, then ``fsync_dir``)."""
+    os.replace(tmp, path)
 
 
 class FileLock:

@@ -35,6 +35,7 @@ from fleet.onhost.files import (
     FileLock,
     drop_stale_temps,
     fsync_dir,
+    rename_temp,
     replace_file,
     unlink_quietly,
     write_temp,
@@ -319,7 +320,7 @@ def _write_and_record(
             temps.append((item["path"], tmp, path))
         checkpoint("after-temp")
         for relpath, tmp, path in temps:
-            os.replace(tmp, path)
+            rename_temp(tmp, path)
             replaced.append(relpath)
             fsync_dir(os.path.dirname(path))
             if len(replaced) == 1:

@@ -10,6 +10,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from fleet.onhost._common import dumps, loads, parse_python
+from fleet.onhost.files import replace_file
 
 MODEL_FILES = ("model_executor/models/deepseek_v2.py", "model_executor/models/kimi_k25.py")
 # where the config-time EAGLE-3 allowlist lived across versions (0.10-0.20)
@@ -127,19 +128,11 @@ class DerivedCache:
             return
         keys = list(self.entries)[-CACHE_ENTRIES:]
         doc = {"entries": {k: self.entries[k] for k in keys}}
-        tmp = self.path + "." + str(os.getpid()) + ".tmp"
-        try:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(dumps(doc))
-            os.replace(tmp, self.path)
+        try:  # the one on-host writer: a unique temp (O_EXCL|O_NOFOLLOW), fsync, rename
+            replace_file(self.path, dumps(doc).encode("utf-8"))
             self.dirty = False
         except OSError:  # no room or read-only home: the next run derives again
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            pass
 
 
 def _derive(cache: Optional[DerivedCache], kind: str, path: str, func: Callable[[str], Any]) -> Any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from fleet.errors import OperationFailed
+from fleet.localfiles import atomic_write
 from fleet.onhost.client import Conversation
 from fleet.patching import host_calls
 from fleet.patching.engine import (
@@ -250,22 +251,15 @@ def _stored_plan(patch_set: PatchSet, key: tuple[Any, ...]) -> HostPlan | None:
 
 
 def _store_plan(patch_set: PatchSet, key: tuple[Any, ...], plan: HostPlan) -> None:
-    import os
     import pickle
 
     digest = _plan_key(patch_set, key)
     if digest is None:
         return
-    path = _plan_path(digest)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            pickle.dump(plan, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
+        atomic_write(_plan_path(digest), pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
+    except OSError:  # a read-only cache costs a new plan next time, nothing else
+        pass
 
 
 def _from_plan(f: FilePlan, with_diff: bool) -> FileReport:

@@ -292,9 +292,9 @@ if __name__ == "__main__":
 # The packages of fleet, lowest first: a package imports only packages before it (no
 # back-edge: the pure core never reaches up into serving or the CLI).
 LAYERS = (
-    "errors", "redact", "paths", "sizes", "safeyaml", "inventory", "transport", "onhost", "facts",
-    "source", "patching", "diagnosis", "wheels", "serving", "sandbox", "cli", "console",
-    "__main__",
+    "errors", "redact", "paths", "sizes", "localfiles", "safeyaml", "inventory", "transport",
+    "onhost", "facts", "source", "patching", "diagnosis", "wheels", "serving", "sandbox",
+    "cli", "console", "__main__",
 )  # fmt: skip
 
 

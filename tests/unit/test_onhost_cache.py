@@ -56,6 +56,23 @@ def test_a_changed_file_is_derived_again(tmp_path: Path) -> None:
     assert bases["bases"] == ["nn.Module", "SupportsEagle3"] and third.hits == 0
 
 
+def test_the_cache_is_written_by_the_one_onhost_writer(tmp_path: Path) -> None:
+    """A unique temp beside the file, never a guessable name that something planted there
+    (a symlink) could redirect: ``fleet.onhost.files.replace_file``."""
+    pkg = _tree(tmp_path)
+    directory = tmp_path / "cache"
+    directory.mkdir()
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    cache = DerivedCache("code-1", str(directory))
+    (directory / f"derived.json.{os.getpid()}.tmp").symlink_to(victim)  # the old temp name
+    model_classes(str(pkg), cache)
+    cache.save()
+    assert victim.read_text() == "keep me"
+    assert json.loads((directory / "derived.json").read_text())["entries"]
+    assert not [p.name for p in directory.iterdir() if "fleet-tmp" in p.name]
+
+
 def test_two_fleet_versions_on_one_host_keep_their_own_entries(tmp_path: Path) -> None:
     pkg = _tree(tmp_path)
     for code in ("code-old", "code-new"):  # each derives once...
