@@ -30,6 +30,8 @@ from fleet.onhost.layout import home, supervisor_dir
 from fleet.onhost.probes import executable_file, which
 
 SUPERVISOR_WAIT = 20.0
+# A program in these states holds (or is about to hold) its port and GPUs: the one
+# definition, read here by serve's launch and status and by the control side's serve.
 ACTIVE_STATES = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
 SYSTEMD_UNIT_DIR = "/etc/systemd/system"
 

@@ -16,7 +16,7 @@ from fleet.onhost.client import run_onhost
 from fleet.serving import supervisor, units
 from fleet.serving.observed import PreflightAnswer
 from fleet.serving.profile import Profile
-from fleet.serving.supervisor import Backend
+from fleet.serving.supervisor import SupervisorName
 
 if TYPE_CHECKING:
     from fleet.serving.multinode import Node
@@ -121,7 +121,7 @@ def launch(
     home: str,
     secrets: dict[str, str],
     restart: bool,
-    backend: Backend,
+    backend: SupervisorName,
     launch_id: str,
     node: Node | None = None,
     argv: list[str] | None = None,

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from fleet.serving.observed import PreflightAnswer
     from fleet.serving.profile import Profile
 
-Backend = Literal["mp", "ray"]
+DistributedBackend = Literal["mp", "ray"]  # the profile's distributed_backend
 MP_SINCE = (0, 11, 1)  # --nnodes/--node-rank/--master-addr/--headless
 RAY_SUFFIX = "-ray"  # the Ray node of profile P runs as its own program P-ray
 VLLM_PORT_SPAN = 16  # ports from vllm_port_base the head may open (checked free)
@@ -131,7 +131,7 @@ class Node:
     count: int
     address: str
     head_address: str
-    backend: Backend
+    backend: DistributedBackend
     budget_s: float
     offers: Offers = field(default_factory=Offers)
     ray_program: bool = False  # this node's `ray start` (not vLLM)

@@ -25,15 +25,14 @@ if TYPE_CHECKING:
     from fleet.serving.observed import SupervisorSeen
     from fleet.serving.profile import Profile
 
-Backend = Literal["supervisord", "systemd"]
-BACKENDS: tuple[Backend, ...] = ("supervisord", "systemd")
+SupervisorName = Literal["supervisord", "systemd"]  # the on-host classes: supervisors.BACKENDS
 
 
 @dataclass(frozen=True)
 class Choice:
     """The backend chosen for a host, or why the one the profile names cannot run."""
 
-    backend: Backend | None
+    backend: SupervisorName | None
     reason: str
 
     @property
@@ -58,7 +57,7 @@ def choose(wanted: str, offered: Mapping[str, SupervisorSeen]) -> Choice:
 
 
 def files(
-    backend: Backend,
+    backend: SupervisorName,
     profile: Profile,
     layout: units.Layout,
     *,
