@@ -65,7 +65,6 @@ from fleet.onhost.rehearsal.vllm_sim_proc import (
 from fleet.onhost.rehearsal.vllm_sim_src import (
     API_SERVER,
     CORE,
-    ENGINE_CORE_INIT,
     EXECUTOR,
     PROPOSERS,
     RUNNER,
@@ -78,6 +77,7 @@ from fleet.onhost.rehearsal.vllm_sim_src import (
     sim_core_frames,
     sim_engine_client,
     sim_family,
+    sim_kv_init_frames,
     sim_launch_frames,
     sim_worker_frames,
     site_path,
@@ -1440,16 +1440,9 @@ class Sim:
             "Worker failed with error %r, please check the stack trace above for the root cause"
             % detail,
         )
-        core = self.src.chain(
+        core = sim_kv_init_frames(
+            self.src,
             [
-                *ENGINE_CORE_INIT,
-                (
-                    (CORE,),
-                    "EngineCore.__init__",
-                    "self._initialize_kv_caches(",
-                    "_initialize_kv_caches",
-                ),
-                ("otel-if", CORE, "EngineCore._initialize_kv_caches"),
                 (
                     (CORE,),
                     "_initialize_kv_caches",
@@ -1462,7 +1455,7 @@ class Sim:
                     "return self.collective_rpc(",
                     "collective_rpc",
                 ),
-            ]
+            ],
         )
         site = self.src.raise_site((EXECUTOR,), "Worker failed with error")
         if site is not None:
@@ -1541,16 +1534,9 @@ class Sim:
         return float(2 * max(1, heads // max(1, self.tp)) * head_dim * 2 * layers)
 
     def fail_kv(self, needle: str, values: Dict[str, Any], exc: str) -> None:
-        core = self.src.chain(
+        core = sim_kv_init_frames(
+            self.src,
             [
-                *ENGINE_CORE_INIT,
-                (
-                    (CORE,),
-                    "EngineCore.__init__",
-                    "self._initialize_kv_caches(",
-                    "_initialize_kv_caches",
-                ),
-                ("otel-if", CORE, "EngineCore._initialize_kv_caches"),
                 ((CORE,), "_initialize_kv_caches", "get_kv_cache_config", None),
                 (
                     ("v1/core/kv_cache_utils.py",),
@@ -1558,7 +1544,7 @@ class Sim:
                     "check_enough_kv_cache_memory(",
                     "check_enough_kv_cache_memory",
                 ),
-            ]
+            ],
         )
         site = self.src.raise_site(("v1/core/kv_cache_utils.py",), needle)
         if site is not None:

@@ -634,6 +634,25 @@ def sim_core_frames(src: SimSource) -> List[Frame]:
     )
 
 
+def sim_kv_init_frames(src: SimSource, then: List[Any]) -> List[Frame]:
+    """`run_engine_core` down to `_initialize_kv_caches` (with vLLM's `@instrument`
+    wrapper where this version has it), then the specs `then`: where the profile run and
+    the KV cache sizing fail."""
+    return src.chain(
+        [
+            *ENGINE_CORE_INIT,
+            (
+                (CORE,),
+                "EngineCore.__init__",
+                "self._initialize_kv_caches(",
+                "_initialize_kv_caches",
+            ),
+            ("otel-if", CORE, "EngineCore._initialize_kv_caches"),
+            *then,
+        ]
+    )
+
+
 def sim_bootstrap_frames() -> List[Frame]:
     """multiprocessing's `_bootstrap` -> `run` (the second EngineCore traceback)."""
     out: List[Frame] = []
