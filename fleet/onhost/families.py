@@ -14,6 +14,10 @@ LOG_FAMILIES: Tuple[Tuple[str, Optional[Tuple[int, int]], Optional[Tuple[int, in
     (">=0.18", (0, 18), None, "0.18.0"),
 )
 FAMILY_NAMES = tuple(f[0] for f in LOG_FAMILIES)
+# A change inside a family, not a bound of one: from this release vLLM prefixes a worker
+# "(Worker pid=W)" from its start (vllm/utils/system_utils.py); in 0.17 the rank's prefix
+# at init_device nests inside it, from 0.18 (the next family) it replaces it.
+WORKER_EARLY_PREFIX = (0, 17)
 
 # DeepseekV2ForCausalLM (DeepSeek-V3, Kimi-K2) implements SupportsEagle3 upstream from this
 # release: before it, fleet's eagle3-deepseek patch set is needed; from it, never applied.

@@ -1024,8 +1024,7 @@ class Sim:
         )
         self.sleep("init_device")
         for i, proc in enumerate(self.workers):
-            mode = "replace" if self.v >= (0, 18) else "wrap"
-            proc.decorate(self.worker_name(first + i), mode)
+            proc.decorate(self.worker_name(first + i), self.family["worker_prefix"])
 
     def check_free_memory(self) -> None:
         used = self.gpus.used_by_others(self.api.pid)
@@ -1313,7 +1312,6 @@ class Sim:
             if ids is not None:
                 self.say("aux_layers", (tuple(ids),), procs=self.workers)
             self.aux_ids = ids or [2, self.target.layers // 2, self.target.layers - 3]
-            self.delegates = judged["forwards_aux_hidden_state_layers"] or self.v >= (0, 18)
             return
         found = self.src.raise_site((RUNNER,), "does not support EAGLE3 interface")
         frames = []

@@ -14,7 +14,7 @@
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from fleet.onhost.families import log_family, version_tuple
+from fleet.onhost.families import WORKER_EARLY_PREFIX, log_family, version_tuple
 from fleet.onhost.rehearsal.source_mining import (
     class_decorators,
     find_line,
@@ -220,6 +220,18 @@ SIM_ROUTES = (
 )
 
 
+# What the start-up prints differently in each log family (fleet/onhost/families.py,
+# `log_family()`): the banner (the logo of log_version_and_model from 0.15, "vLLM API
+# server version %s" before), the engine's process name (the single engine is "EngineCore"
+# from 0.18) and how a worker takes its rank's prefix at init_device (0.18 replaces the
+# early "(Worker pid=W)" prefix, before the rank's name wraps the current write).
+SIM_FAMILY_SHAPES: Dict[str, Dict[str, Any]] = {
+    "<=0.14": {"logo": False, "engine_name": "EngineCore_DP0", "worker_prefix": "wrap"},
+    "0.15-0.17": {"logo": True, "engine_name": "EngineCore_DP0", "worker_prefix": "wrap"},
+    ">=0.18": {"logo": True, "engine_name": "EngineCore", "worker_prefix": "replace"},
+}
+
+
 def sim_version_tuple(version: str) -> Tuple[int, ...]:
     return version_tuple(version)
 
@@ -229,6 +241,8 @@ def sim_family(version: str, package_dir: str, env: Dict[str, str], tty: bool) -
     (docs/research/vllm-serve.md §1.1 and §1.4)."""
     v = sim_version_tuple(version)
     name = log_family(version)
+    shape = SIM_FAMILY_SHAPES[name]
+    early = v >= WORKER_EARLY_PREFIX
     # prefix colour: always in 0.10.x (bold cyan); unless NO_COLOR in 0.13-0.15; only on a
     # tty (or VLLM_LOGGING_COLOR=1) from 0.16 (vllm/utils/system_utils.py _add_prefix)
     if v < (0, 11):
@@ -248,16 +262,17 @@ def sim_family(version: str, package_dir: str, env: Dict[str, str], tty: bool) -
         "name": name,
         "version": v,
         # ≥0.18 names the single engine "EngineCore" (v1/engine/utils.py, core.py)
-        "engine_name": "EngineCore" if v >= (0, 18) else "EngineCore_DP0",
+        "engine_name": shape["engine_name"],
         # 0.17+ prefix workers "(Worker pid=W)" before init_device; 0.17 nests the
         # second prefix, 0.18 re-wraps the original write (system_utils.py)
-        "worker_early_prefix": v >= (0, 17),
-        "worker_nested_prefix": (0, 17) <= v < (0, 18),
+        "worker_early_prefix": early,
+        "worker_prefix": shape["worker_prefix"],
+        "worker_nested_prefix": early and shape["worker_prefix"] == "wrap",
         "colour": colour,
         # 0.33 moved the prefix into the log format: tqdm and tracebacks unprefixed
         "prefix_in_format": "vllm_process_name" in fmt,
         # ≤0.14: "vLLM API server version %s"; ≥0.15 the logo (log_version_and_model)
-        "logo": v >= (0, 15),
+        "logo": shape["logo"],
         # `info` of "world_size=..." only from 0.13 (debug before)
         "health_dead_status": 500 if v < (0, 13) else 503,
     }
