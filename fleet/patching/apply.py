@@ -197,6 +197,9 @@ def cached_plan(patch_set: PatchSet, fetched: host_calls.Fetched) -> HostPlan:
                 return plan
             _store_plan(patch_set, key, plan)
             _PLAN_CACHE[key] = plan
+        else:
+            log.debug("%s on vLLM %s: plan of these files kept: reused (%d files)",
+                      patch_set.name, fetched.vllm_version, len(plan.files))  # fmt: skip
     return plan.copy()
 
 

@@ -7,6 +7,7 @@ are checked on the real ``grep``/``awk``/``tail``; nothing of the code under tes
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import shutil
@@ -147,6 +148,23 @@ def _growing_wc(bin_dir: Path, log: Path) -> dict[str, str]:
     )
     wc.chmod(wc.stat().st_mode | stat.S_IXUSR)
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(log.parent)}
+
+
+def test_the_filter_statistics_are_logged_at_v(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``-v`` (INFO) says what the remote filter moved: candidate lines, the log's size,
+    the bytes and fraction moved, lines dropped, diagnoses."""
+    log = tmp_path / "big.log"
+    log.write_text("".join(INFO.format(n=n) + "\n" for n in range(1, 2001)) + KV + "\n")
+    caplog.set_level(logging.INFO, logger="fleet.diagnosis.host_logs")
+    result = R.diagnose_remote(LocalConnection(), str(log))
+    said = [r for r in caplog.records if r.name == "fleet.diagnosis.host_logs"]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    message = said[0].getMessage()
+    size = log.stat().st_size
+    assert f"{result.candidate_lines} candidate lines of a {size}-byte log" in message
+    assert f"{result.bytes_received} bytes moved" in message and "1 diagnoses" in message
 
 
 def test_tail_numbers_come_from_one_snapshot(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ again."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -138,3 +139,28 @@ def test_a_text_that_its_sha256_does_not_name_is_planned_but_never_kept(
     plan = apply.cached_plan(ps, honest)
     assert len(counted) == 2
     assert plan.files == apply.cached_plan(ps, honest).files
+
+
+def test_the_plans_made_and_kept_are_logged_at_vv(
+    counted: list[int], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``-vv`` (DEBUG) says for each host whether its plan was made or a kept one reused."""
+    ps = load_patch_set()
+    texts = _texts(ps)
+    caplog.set_level(logging.DEBUG, logger="fleet.patching.apply")
+
+    def said() -> list[str]:
+        out = [r.getMessage() for r in caplog.records if r.name == "fleet.patching.apply"]
+        assert all(r.levelno == logging.DEBUG for r in caplog.records if r.name.endswith("apply"))
+        caplog.clear()
+        return out
+
+    apply.cached_plan(ps, _fetched(texts))
+    made = said()
+    assert any("planned" in m and VERSION in m for m in made), made
+    apply.cached_plan(ps, _fetched(texts))  # the same files on the next host
+    assert any("kept: reused" in m for m in said())
+    monkeypatch.setattr(apply, "_PLAN_CACHE", {})  # a new process: the stored plan
+    apply.cached_plan(ps, _fetched(texts))
+    assert any("kept: reused" in m for m in said())
+    assert len(counted) == 1
