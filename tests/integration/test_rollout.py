@@ -192,3 +192,37 @@ def test_a_fault_on_the_third_host_halts_with_the_fourth_still_serving_then_resu
     assert results == {serving[0]: "kept", serving[1]: "kept", third: "ready", fourth: "ready"}
     assert doc["plan"]["hosts"][third]["action"] == "start"  # it served nothing after the crash
     assert doc["plan"]["hosts"][fourth]["action"] == "roll"
+
+
+def test_the_drain_waits_for_the_requests_in_flight(
+    box: Sandbox, serving: list[str], v2: Path
+) -> None:
+    host = serving[0]
+    box.set_sim(host, step_ms=100.0)  # an 80-token completion takes about 8 s
+    code, doc, err = fleet(box, None, "serve", PROFILE, "--host", host, "--restart")
+    assert code == 0, (doc, err)
+    key = box.secrets_path.read_text().strip().split("=", 1)[1]
+    port = int(box.host(host).vllm_port or 0)
+    answer: dict[str, Any] = {}
+
+    def request() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = json.dumps({"model": "kimi-k2.5", "prompt": "hello", "max_tokens": 80})
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        conn.request("POST", "/v1/completions", body, headers)
+        response = conn.getresponse()
+        answer["status"] = response.status
+        answer["doc"] = json.loads(response.read())
+        conn.close()
+
+    client = threading.Thread(target=request)
+    client.start()
+    time.sleep(0.5)  # the request is in the engine
+    code, doc, err = fleet(box, v2, "rollout", PROFILE, "--host", host)
+    client.join(timeout=60)
+    assert code == 0 and doc["ok"], (doc, err)
+    drained = doc["hosts"][host]["drained"]
+    assert drained["outcome"] == "idle" and drained["running_at_start"] == 1, drained
+    assert drained["waited_s"] >= 1.0, drained
+    # the request in flight finished whole before the server was stopped
+    assert answer["status"] == 200 and answer["doc"]["usage"]["completion_tokens"] == 80
