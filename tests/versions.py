@@ -17,6 +17,14 @@ def needs_patch(version: str) -> bool:
 # the patch engine: every shape it edits, and the first release it leaves alone
 PATCH_ENGINE = tuple(v for v in TESTED if version_tuple(v) <= (0, 18, 0))
 PATCHED = tuple(v for v in PATCH_ENGINE if needs_patch(v))
+# the releases that serve EAGLE-3 on DeepSeek/Kimi unpatched
+UPSTREAM = tuple(v for v in TESTED if not needs_patch(v))
+# the last release that needs the patch set and the first that does not
+EAGLE3_BOUNDARY = (PATCHED[-1], UPSTREAM[0])
+# Kimi-K2.5 (model_executor/models/kimi_k25.py) ships from this release on
+# (docs/research/vllm-eagle3.md section 1): the patch set's Kimi edits start here
+KIMI_K25_SINCE = (0, 15)
+PATCHED_KIMI_K25 = tuple(v for v in PATCHED if version_tuple(v)[:2] >= KIMI_K25_SINCE)
 # the phase tracker: the first and the last release tested of each log family
 PHASES = {
     name: [vs[0], vs[-1]]
@@ -30,4 +38,4 @@ PATCH_HOSTS = PATCH_ENGINE[1:]
 # one release per log family (the family's own representative)
 FAMILY_REPRESENTATIVES = tuple(tested for _name, _first, _end, tested in LOG_FAMILIES)
 # the sandbox's hosts by default: the last patched family and the first upstream one
-SANDBOX_DEFAULT = ("0.17.0", "0.18.0")
+SANDBOX_DEFAULT = EAGLE3_BOUNDARY

@@ -23,6 +23,7 @@ from fleet.facts.parsers import parse_facts
 from fleet.inventory import HostSpec
 from fleet.sandbox.vllm_source import vllm_tree
 from fleet.transport import LocalRunner
+from tests.versions import EAGLE3_BOUNDARY, needs_patch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "facts"
 
@@ -62,7 +63,7 @@ def fake_nvidia_smi(bin_dir: Path, csv_fixture: str) -> None:
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
 
 
-@pytest.mark.parametrize("version", ["0.17.0", "0.18.0"])
+@pytest.mark.parametrize("version", EAGLE3_BOUNDARY)
 def test_real_vllm_tree(version: str, tmp_path: Path) -> None:
     tree = vllm_tree(version)
     fake_nvidia_smi(tmp_path / "bin", "b200x8-idle.csv")
@@ -71,7 +72,7 @@ def test_real_vllm_tree(version: str, tmp_path: Path) -> None:
     assert facts.vllm.installed and facts.vllm.version == version
     assert facts.vllm.version_source == "metadata"
     assert Path(facts.vllm.path or "") == (tree / "vllm").resolve()
-    expected = version == "0.18.0"  # upstream gained SupportsEagle3 in 0.18.0
+    expected = not needs_patch(version)  # upstream gained SupportsEagle3 in 0.18.0
     assert facts.vllm.eagle3 == {cls: expected for cls in EAGLE3_CLASSES}
     v3 = facts.vllm.eagle3_classes["DeepseekV3ForCausalLM"]
     assert v3.file == "model_executor/models/deepseek_v2.py"

@@ -32,10 +32,11 @@ from typing import Any
 
 import pytest
 
+from fleet.onhost.families import version_tuple
 from fleet.patching.engine import plan_host
 from fleet.patching.manifest import load_patch_set
 from fleet.sandbox.vllm_source import vllm_file
-from tests.versions import PATCHED
+from tests.versions import KIMI_K25_SINCE, PATCHED, PATCHED_KIMI_K25
 
 PATCHED_VERSIONS = list(PATCHED)
 DS = "model_executor/models/deepseek_v2.py"
@@ -505,7 +506,7 @@ def test_without_aux_layers_forward_is_unchanged(version: str) -> None:
         assert check_rank(rank, r, set_layers=False) == [], rank.label
 
 
-@pytest.mark.parametrize("version", ["0.11.0", "0.17.0"])
+@pytest.mark.parametrize("version", [PATCHED[0], PATCHED[-1]])  # the first and last shape
 def test_negative_control_hand_made_patch_is_caught(version: str) -> None:
     """The same checks fail on the hand-made variant that enumerates the slice alone."""
     ds = patched_sources(version)[DS] or ""
@@ -533,7 +534,7 @@ def test_runner_flow_on_the_outer_models(version: str) -> None:
     assert aux == [input_of(2), input_of(30), input_of(58)] and hidden == Val("norm(h60+r60)")
 
     if h.kimi_cls is None:
-        assert version in ("0.10.2", "0.11.0", "0.13.0")
+        assert version_tuple(version)[:2] < KIMI_K25_SINCE
         return
     kimi = object.__new__(h.kimi_cls)
     inner = h.deepseek(61, 0, 61)
@@ -548,7 +549,7 @@ def test_runner_flow_on_the_outer_models(version: str) -> None:
     assert aux == [input_of(2), input_of(30), input_of(58)]
 
 
-@pytest.mark.parametrize("version", ["0.15.0", "0.16.0", "0.17.0"])
+@pytest.mark.parametrize("version", PATCHED_KIMI_K25)
 def test_unpatched_kimi_fails_the_runner_check(version: str) -> None:
     """Negative control: the ORIGINAL wrapper class, built with its real interface bases,
     is rejected by supports_eagle3() - the runner's "does not support EAGLE3 interface"."""
@@ -651,7 +652,7 @@ def make_proposer(tail_ns: dict[str, Any]) -> Any:
     return proposer
 
 
-@pytest.mark.parametrize("version", ["0.15.0", "0.16.0", "0.17.0"])
+@pytest.mark.parametrize("version", PATCHED_KIMI_K25)
 def test_eagle_proposer_loads_a_drafter_for_kimi_k25(version: str) -> None:
     tail, ns = load_model_tail(patched_sources(version)[EAGLE] or "", version)
     proposer = make_proposer(ns)
@@ -666,7 +667,7 @@ def test_eagle_proposer_loads_a_drafter_for_kimi_k25(version: str) -> None:
     )
 
 
-@pytest.mark.parametrize("version", ["0.15.0", "0.16.0", "0.17.0"])
+@pytest.mark.parametrize("version", PATCHED_KIMI_K25)
 def test_unpatched_eagle_proposer_fails_for_kimi_k25(version: str) -> None:
     """Negative control: the original load_model raises on Kimi-K2.5's config."""
     tail, ns = load_model_tail(original_source(version, EAGLE), version)

@@ -16,7 +16,7 @@ from fleet.patching.engine import HostPlan, closest_lines, plan_host, sha256_tex
 from fleet.patching.manifest import DEFAULT_PATCH_SET, PatchSet, load_patch_set
 from fleet.patching.versions import Version, VersionRange
 from fleet.sandbox.vllm_source import vllm_file
-from tests.versions import PATCH_ENGINE
+from tests.versions import PATCH_ENGINE, PATCHED
 
 DS = "model_executor/models/deepseek_v2.py"
 KIMI = "model_executor/models/kimi_k25.py"
@@ -119,7 +119,7 @@ def _replaced_lines(patch_set: PatchSet, path: str, text: str) -> set[int]:
     return lines
 
 
-@pytest.mark.parametrize("version", ["0.11.0", "0.15.0", "0.17.0"])
+@pytest.mark.parametrize("version", PATCHED)
 def test_patched_source_has_the_interface(patch_set: PatchSet, version: str) -> None:
     """Structure, read with ast: bases, imports, methods, the enumerate(start=...) loop."""
     new = applied(plan_host(patch_set, version, real_texts(patch_set, version)))

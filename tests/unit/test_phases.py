@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from sim_harness import Sim, make_home, patched_tree, serve_args
 
+from fleet.onhost.families import version_tuple
 from fleet.sandbox.vllm_source import vllm_tree
 from fleet.serving.phases import (
     FAMILIES,
@@ -28,6 +29,7 @@ from fleet.serving.phases import (
     segments,
     version_family,
 )
+from tests.versions import FAMILY_REPRESENTATIVES, TESTED, needs_patch
 from tests.versions import PHASES as TESTED_PHASES
 
 TRANSCRIPT = (
@@ -165,18 +167,17 @@ def test_eta_from_elapsed_when_tqdm_has_no_remaining_yet() -> None:
     assert events == [] and tracker.progress.eta_s == 0.0
 
 
+# each log family's representative and the newest release tested
+LIVE = sorted({*FAMILY_REPRESENTATIVES, TESTED[-1]}, key=version_tuple)
+
+
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("phase-trees")
-    return {
-        "0.13.0": patched_tree("0.13.0", root),
-        "0.17.0": patched_tree("0.17.0", root),
-        "0.18.0": vllm_tree("0.18.0"),
-        "0.33.0": vllm_tree("0.33.0"),
-    }
+    return {v: patched_tree(v, root) if needs_patch(v) else vllm_tree(v) for v in LIVE}
 
 
-@pytest.mark.parametrize("version", ["0.13.0", "0.17.0", "0.18.0", "0.33.0"])
+@pytest.mark.parametrize("version", LIVE)
 def test_following_the_simulator_live(version: str, trees: dict[str, Path], tmp_path: Path) -> None:
     """Read the log while it grows, in whatever chunks the file holds (a follower sees
     partial lines: tqdm's updates before their line end), as fleet serve does."""

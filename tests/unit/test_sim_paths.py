@@ -27,9 +27,10 @@ from sim_harness import Sim, make_home, patched_tree, run_sim, serve_args, targe
 from fleet.diagnosis import diagnose
 from fleet.sandbox.local import free_port
 from fleet.sandbox.vllm_source import vllm_tree
+from tests.versions import PATCHED, UPSTREAM
 
-PRE_18 = ["0.10.2", "0.11.0", "0.13.0", "0.14.0", "0.15.0", "0.16.0", "0.17.0"]
-FROM_18 = ["0.18.0", "0.20.0", "0.25.0", "0.33.0"]
+PRE_18 = PATCHED  # the releases tested that need the patch set (tests/versions.py)
+FROM_18 = UPSTREAM  # ...and those that serve EAGLE-3 on DeepSeek/Kimi unpatched
 ALLOWLIST = ["config/speculative.py", "config/__init__.py"]
 
 
@@ -87,7 +88,9 @@ def _custom_drafter(home: Path, name: str, **changes: Any) -> str:
     return name
 
 
-# name: (version, tree ("wheel" | "patched" | "allowlist"), home/args setup, exit, id)
+# name: (version, tree ("wheel" | "patched" | "allowlist"), home/args setup, exit, id);
+# each release here is chosen for its scenario (a release outside tests/versions.py TESTED
+# says why), most are the last one patched
 FATAL: dict[str, tuple[str, str, dict[str, Any], int, str]] = {
     "eagle3-runtime": (
         "0.17.0",
@@ -138,14 +141,14 @@ FATAL: dict[str, tuple[str, str, dict[str, Any], int, str]] = {
         "architecture-unsupported",
     ),
     "no-trust-remote-code": (
-        "0.14.0",
+        "0.14.0",  # the <=0.14 log family's last release (no other scenario starts it)
         "patched",
         {"no_trust": True},
         1,
         "trust-remote-code-required",
     ),
     "k25-before-0.15": (
-        "0.14.0",
+        "0.14.0",  # the last release before kimi_k25.py (KIMI_K25_SINCE): the boundary
         "patched",
         {"target": "Kimi-K2.5"},
         1,
