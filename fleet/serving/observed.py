@@ -70,7 +70,7 @@ class PortSeen(_Seen):
     holder: str | None = None
 
 
-class DiskUsage(_Seen):
+class DiskUsageSeen(_Seen):
     path: str | None = None
     total: int | None = None
     used: int | None = None
@@ -78,7 +78,7 @@ class DiskUsage(_Seen):
 
 
 class DiskSeen(_Seen):
-    home: DiskUsage = Field(default_factory=DiskUsage)
+    home: DiskUsageSeen = Field(default_factory=DiskUsageSeen)
     error: str | None = None
 
 

@@ -384,7 +384,7 @@ class PhaseEvent:
 
 
 @dataclass(frozen=True)
-class Progress:
+class LoadProgress:
     """Where the start-up is: the phase, the target's weight shards, the current bar."""
 
     phase: str
@@ -430,8 +430,8 @@ class PhaseTracker:
         self._shard_times: list[tuple[float, int]] = []
 
     @property
-    def progress(self) -> Progress:
-        return Progress(
+    def progress(self) -> LoadProgress:
+        return LoadProgress(
             self.phase,
             self.shards_done,
             self.shards_total,

@@ -95,7 +95,7 @@ class Seen:
         return self.answer.vllm.version
 
 
-Rule = Callable[[Seen], list[Diagnosis]]
+PreflightRule = Callable[[Seen], list[Diagnosis]]
 
 
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -345,7 +345,7 @@ def disk_free(seen: Seen) -> list[Diagnosis]:
     ]
 
 
-RULES: tuple[Rule, ...] = (
+RULES: tuple[PreflightRule, ...] = (
     gpus_fit,
     draft_tp,
     target_files,
