@@ -350,3 +350,251 @@ def test_no_rehearsal_code_rides_in_a_production_bundle() -> None:
         assert "vllm_sim" not in found.text and "SimSource" not in found.text, name
     # and the rehearsal vLLM is bundled from that room
     assert any(m.startswith("rehearsal.") for m in bundle("rehearsal.vllm_sim").modules)
+
+
+# One home per concept (issue 20). Each rule takes a checkout's top directory, so that it
+# can be run on an older tree (one_home_report(root), at the end) and seen to fail there.
+
+# Every FLEET_* variable fleet reads is a setting a user may set (README), none a test knob.
+ENV_SETTINGS = frozenset({
+    "FLEET_CACHE", "FLEET_CONNECT_ATTEMPTS", "FLEET_INVENTORY", "FLEET_SSH_CONFIG",
+    "FLEET_SANDBOX_BACKEND",
+})  # fmt: skip
+KNOB_WORDS = ("FAULT", "TEST", "KNOB", "INJECT")
+
+
+def _module_strings(tree: ast.Module) -> dict[str, str]:
+    """Module-level ``NAME = "text"`` constants (an env name is often one)."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and _is_constant_text(node.value):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    out[target.id] = str(node.value.value)  # type: ignore[attr-defined]
+    return out
+
+
+def _is_environ(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ"
+    )
+
+
+def env_reads(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, name) of every environment variable read by a constant name: os.environ.get /
+    [] / pop / setdefault / ``in``, os.getenv."""
+    names = _module_strings(tree)
+
+    def name_of(node: ast.expr) -> str | None:
+        if _is_constant_text(node):
+            return str(node.value)  # type: ignore[attr-defined]
+        return names.get(node.id) if isinstance(node, ast.Name) else None
+
+    found = []
+    for node in ast.walk(tree):
+        arg: ast.expr | None = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            func = node.func
+            environ = func.attr in ("get", "pop", "setdefault") and _is_environ(func.value)
+            if environ or func.attr == "getenv":
+                arg = node.args[0]
+        elif isinstance(node, ast.Subscript) and _is_environ(node.value):
+            arg = node.slice
+        elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators):
+            arg = node.left
+        name = name_of(arg) if arg is not None else None
+        if name is not None:
+            found.append((node.lineno, name))
+    return found
+
+
+def env_knob_reads(root: Path) -> list[str]:
+    out = []
+    for path in sorted((root / "fleet").rglob("*.py")):
+        rel = path.relative_to(root / "fleet")
+        for line, name in env_reads(ast.parse(path.read_text())):
+            knob = any(word in name.upper() for word in KNOB_WORDS)
+            if knob or (name.startswith("FLEET_") and name not in ENV_SETTINGS):
+                out.append(f"{rel}:{line}: reads ${name}")
+    return out
+
+
+def test_no_module_of_fleet_reads_a_test_knob_from_the_environment() -> None:
+    """A fault or test switch is never read from the environment by fleet's own code (the
+    tests rebind a bundle's named points instead: tests/faults.py); a FLEET_* variable fleet
+    reads is a documented setting (ENV_SETTINGS)."""
+    assert env_knob_reads(ROOT.parent) == []
+
+
+def file_primitives(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, what) of each rename-over and each flock: os.replace / os.rename,
+    ``<path>.replace(target)`` / ``.rename(target)`` (one argument: not str.replace), and
+    any use of fcntl."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            module = getattr(node, "module", None) or ""
+            if module == "fcntl" or any(a.name == "fcntl" for a in node.names):
+                found.append((node.lineno, "import fcntl"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            func = node.func
+            owner = func.value.id if isinstance(func.value, ast.Name) else None
+            if owner == "os" and func.attr in ("replace", "rename"):
+                found.append((node.lineno, f"os.{func.attr}"))
+            elif owner == "fcntl":
+                found.append((node.lineno, f"fcntl.{func.attr}"))
+            elif (
+                func.attr in ("replace", "rename")
+                and owner != "os"
+                and len(node.args) == 1
+                and not node.keywords
+            ):
+                found.append((node.lineno, f".{func.attr}()"))
+    return found
+
+
+# What may rename over a file or take a flock besides the one home, and why.
+ONHOST_FILE_EXCEPTIONS = {
+    # a log set aside before a launch (a rename of a whole file, no content written)
+    ("serve.py", "os.replace"),
+}
+LOCAL_FILE_EXCEPTIONS = {
+    # known_hosts is locked and appended to in place, as OpenSSH writes it (not a lock file)
+    ("transport/hostkeys.py", "import fcntl"),
+    ("transport/hostkeys.py", "fcntl.flock"),
+}
+# the sandbox's own writers and lock, still to move to fleet.localfiles (issue 20)
+LOCAL_FILE_PENDING = {
+    ("sandbox/core.py", "import fcntl"),
+    ("sandbox/core.py", "fcntl.flock"),
+    ("sandbox/ray_env.py", "os.replace"),
+    ("sandbox/local.py", "os.replace"),
+    ("sandbox/checkpoints.py", "os.replace"),
+    ("sandbox/checkpoints.py", ".replace()"),
+    ("sandbox/vllm_source.py", "os.replace"),
+}
+
+
+def onhost_file_writers(root: Path) -> list[str]:
+    """Within the shipped on-host modules, renames and flocks outside files.py."""
+    out = []
+    for path in sorted((root / "fleet" / "onhost").glob("*.py")):
+        if path.name == "files.py":
+            continue
+        for line, what in file_primitives(ast.parse(path.read_text())):
+            if (path.name, what) not in ONHOST_FILE_EXCEPTIONS:
+                out.append(f"onhost/{path.name}:{line}: {what}")
+    return out
+
+
+def local_file_writers(root: Path) -> list[str]:
+    """Outside fleet/onhost/ (the host's room has its own home), renames and flocks outside
+    fleet/localfiles.py."""
+    out = []
+    allowed = LOCAL_FILE_EXCEPTIONS | LOCAL_FILE_PENDING
+    for path in sorted((root / "fleet").rglob("*.py")):
+        rel = path.relative_to(root / "fleet").as_posix()
+        if rel.startswith("onhost/") or rel == "localfiles.py":
+            continue
+        for line, what in file_primitives(ast.parse(path.read_text())):
+            if (rel, what) not in allowed:
+                out.append(f"{rel}:{line}: {what}")
+    return out
+
+
+def test_onhost_files_are_written_and_locked_only_by_files_py() -> None:
+    """On a host, one atomic writer and one lock (fleet/onhost/files.py: replace_file,
+    rename_temp, FileLock): no shipped module renames over a file or takes a flock itself.
+    (The rehearsal room runs on sandbox hosts only and is not held to it.)"""
+    assert onhost_file_writers(ROOT.parent) == []
+
+
+def test_local_files_are_written_and_locked_only_by_localfiles() -> None:
+    """On the control machine, one atomic writer and one lock (fleet/localfiles.py:
+    atomic_write, locked)."""
+    assert local_file_writers(ROOT.parent) == []
+    # and the exceptions still exist (an entry that no longer matches is removed)
+    present = {
+        (path.relative_to(ROOT).as_posix(), what)
+        for path in ROOT.rglob("*.py")
+        for _line, what in file_primitives(ast.parse(path.read_text()))
+    }
+    assert present >= LOCAL_FILE_EXCEPTIONS | LOCAL_FILE_PENDING
+    assert present >= {("onhost/" + f, w) for f, w in ONHOST_FILE_EXCEPTIONS}
+
+
+_TYPE_MAKERS = ("Literal", "Union", "Optional", "Callable", "Annotated", "NewType",
+                "NamedTuple", "TypedDict")  # fmt: skip
+
+
+def public_type_names(tree: ast.Module) -> list[str]:
+    """The public types a module defines at its top: classes and type aliases (``X =
+    Literal[...]``, ``Callable[...]``, ``A | B``, ``X: TypeAlias = ...``); a TypeVar is a
+    parameter, not a type of its own."""
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            names.append(node.name)
+            continue
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            alias = False
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+            alias = ast.unparse(node.annotation).endswith("TypeAlias")
+        else:
+            continue
+        if isinstance(value, ast.Subscript | ast.Call):
+            head = value.value if isinstance(value, ast.Subscript) else value.func
+            alias |= ast.unparse(head).rsplit(".", 1)[-1] in _TYPE_MAKERS
+        alias |= isinstance(value, ast.BinOp) and isinstance(value.op, ast.BitOr)
+        if alias and isinstance(target, ast.Name):
+            names.append(target.id)
+    return [n for n in names if not n.startswith("_")]
+
+
+# Type names that two modules may define, and why.
+SHARED_TYPE_NAMES: dict[str, str] = {}
+# to be renamed in the files of the serve session (issue 20): the same callback type three
+# times, and names that another package defines first
+SHARED_TYPE_NAMES_PENDING = {
+    "Events": "serving/serve.py, serving/group.py and serving/rollout.py: one definition",
+    "HostPlan": "serving/rollout.py (patching/engine.py has the patch plan)",
+    "Result": "serving/rollout.py (transport/runner.py has a command's result)",
+    "Role": "serving/bench.py (diagnosis/models.py has a rule's role)",
+}
+
+
+def shared_type_names(root: Path) -> dict[str, list[str]]:
+    where: dict[str, list[str]] = {}
+    for path in sorted((root / "fleet").rglob("*.py")):
+        rel = path.relative_to(root / "fleet").as_posix()
+        for name in public_type_names(ast.parse(path.read_text())):
+            where.setdefault(name, []).append(rel)
+    allowed = SHARED_TYPE_NAMES.keys() | SHARED_TYPE_NAMES_PENDING.keys()
+    return {n: ps for n, ps in where.items() if len(ps) > 1 and n not in allowed}
+
+
+def test_no_two_modules_define_the_same_public_type_name() -> None:
+    """A name a newcomer reads (``Backend``, ``Verdict``, ``Status``) means one thing in
+    fleet: no two modules define a public class or type alias of the same name."""
+    assert shared_type_names(ROOT.parent) == {}
+    every = {
+        name
+        for path in ROOT.rglob("*.py")
+        for name in public_type_names(ast.parse(path.read_text()))
+    }
+    assert set(SHARED_TYPE_NAMES_PENDING) <= every, "remove the entries renamed"
+
+
+ONE_HOME_RULES = {
+    "env knobs": env_knob_reads,
+    "on-host writers": onhost_file_writers,
+    "local writers": local_file_writers,
+    "type names": shared_type_names,
+}
+
+
+def one_home_report(root: Path) -> dict[str, object]:
+    """What each one-home rule finds in the tree at ``root`` (a checkout's top)."""
+    return {name: rule(root) for name, rule in ONE_HOME_RULES.items()}
