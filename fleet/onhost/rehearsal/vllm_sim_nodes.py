@@ -26,6 +26,11 @@ SIM_PLACEMENT_S = 1800.0  # vLLM's PG_WAIT_TIMEOUT (v1/executor/ray_utils.py)
 SIM_FULL_LOAD_S = 2400.0  # the 40-minute load the sandbox compresses into load_seconds
 
 
+class SimRendezvousError(Exception):
+    """The process group could not form: torch's (or Ray's) error, as vLLM prints it
+    (raised to the load, which fails the ranks with it: vllm_sim_faults.fail_rendezvous)."""
+
+
 class SimNodes:
     """This process's part of a server across hosts (nothing to do for one host)."""
 
@@ -80,24 +85,23 @@ class SimNodes:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _serve_store(self) -> None:
-        sim = self.sim
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             listener.bind((self.master_addr, self.master_port))
         except OSError:
             listener.close()
-            sim.fail_rendezvous(
+            raise SimRendezvousError(
                 "torch.distributed.DistNetworkError: The server socket has failed to listen on "
                 "any local network address. port: %d, useIpv6: false, code: -98, name: "
                 "EADDRINUSE, message: address already in use" % self.master_port
-            )
+            ) from None
         listener.listen(64)
         self.listener = listener
         deadline = time.monotonic() + self.compressed(SIM_RENDEZVOUS_S)
         while len(self.peers) < self.nnodes - 1:
             left = deadline - time.monotonic()
             if left <= 0:
-                sim.fail_rendezvous(
+                raise SimRendezvousError(
                     "torch.distributed.DistStoreError: Timed out after %d seconds waiting for "
                     "clients. %d/%d clients joined."
                     % (int(SIM_RENDEZVOUS_S) + 1, len(self.peers) + 1, self.nnodes)
@@ -121,7 +125,6 @@ class SimNodes:
             conn.sendall(b"GO\n")
 
     def _join_store(self) -> None:
-        sim = self.sim
         deadline = time.monotonic() + self.compressed(SIM_RENDEZVOUS_S)
         while True:
             try:
@@ -135,7 +138,7 @@ class SimNodes:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                sim.fail_rendezvous(
+                raise SimRendezvousError(
                     "torch.distributed.DistNetworkError: The client socket has timed out after "
                     "%ds while trying to connect to (%s, %d)."
                     % (int(SIM_RENDEZVOUS_S), self.master_addr, self.master_port)
@@ -185,17 +188,17 @@ class SimNodes:
             from ray.util.placement_group import placement_group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         except ImportError as exc:
-            sim.fail_rendezvous(
+            raise SimRendezvousError(
                 "ImportError: Failed to import Ray, please install Ray with `pip install ray`. (%s)"
                 % exc
-            )
+            ) from None
         address = os.environ.get("RAY_ADDRESS") or "auto"
         ray.init(address=address, logging_level="ERROR", log_to_driver=False,
                  include_dashboard=False)  # fmt: skip
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         ips = sorted({str(n.get("NodeManagerAddress")) for n in nodes})
         if len(ips) < len(nodes):
-            sim.fail_rendezvous(
+            raise SimRendezvousError(
                 "RuntimeError: Every node should have a unique IP address. Got %d nodes with "
                 "node ids %s and %d unique IP addresses %s. Please check your network "
                 "configuration. If you set `VLLM_HOST_IP` environment variable, make sure it "
@@ -214,7 +217,7 @@ class SimNodes:
                 break
             waited = time.monotonic() - started
             if waited >= wait:
-                sim.fail_rendezvous(
+                raise SimRendezvousError(
                     "ValueError: Cannot provide a placement group requiring %d GPUs "
                     "(placement_group_specs=%s) within %d seconds. See `ray status` and `ray "
                     "list nodes` to make sure the cluster has enough resources."
