@@ -165,7 +165,7 @@ def fleet_load(request: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], float]:
 
 
 def summarize(results: List[Dict[str, Any]], duration: float) -> Dict[str, Any]:
-    """vLLM's benchmark summary (benchmarks/serve.py's names and definitions): TPOT of a
+    """vLLM's benchmark summary (vllm/benchmarks/serve.py's names and definitions): TPOT of a
     request is (latency - TTFT) / (tokens - 1); ITL every gap between streamed chunks."""
     done = [r for r in results if r.get("ok")]
     tokens = sum(int(r.get("tokens") or 0) for r in done)

@@ -24,7 +24,7 @@ WORKER_EARLY_PREFIX = (0, 17)
 EAGLE3_UPSTREAM = (0, 18)
 # Named version ranges a patch-set manifest may give as its `versions:`.
 RANGES: Dict[str, str] = {
-    "eagle3-patch": ">=0.10.2,<0.18",
+    "eagle3-patch": ">=0.10.2,<%d.%d" % EAGLE3_UPSTREAM,
 }
 
 

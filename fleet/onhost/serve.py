@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from fleet.onhost._common import find_vllm, hold_on_hangup, vllm_version
 from fleet.onhost.files import FileLock, lock_held, replace_file
-from fleet.onhost.layout import home, run_dir, run_root
+from fleet.onhost.layout import LOG_NAME, home, profile_name_ok, run_dir, run_root
 from fleet.onhost.localhttp import health, metrics
 from fleet.onhost.probes import disk_usage, part_gpus, run_captured
 from fleet.onhost.supervisors import ACTIVE_STATES, backend, describe_all
@@ -391,7 +391,7 @@ def op_launch(request: Dict[str, Any]) -> Dict[str, Any]:
             )
         sup = backend(str(request.get("supervisor") or "supervisord"))
         sup.prepare(request)
-        log = os.path.join(directory, "vllm.log")
+        log = os.path.join(directory, LOG_NAME)
         if os.path.exists(log):
             os.replace(log, log + ".1")
         replace_file(
@@ -429,7 +429,13 @@ def op_status(request: Dict[str, Any]) -> Dict[str, Any]:
     root = run_root()
     if not names:
         try:
-            names = sorted(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n)))
+            # only fleet's own run directories: a stray one (a name fleet serve refuses)
+            # is not a profile and must not fail the whole status
+            names = sorted(
+                n
+                for n in os.listdir(root)
+                if profile_name_ok(n) and os.path.isdir(os.path.join(root, n))
+            )
         except OSError:
             names = []
     profiles: Dict[str, Any] = {}
@@ -437,7 +443,7 @@ def op_status(request: Dict[str, Any]) -> Dict[str, Any]:
         directory = run_dir(str(name))
         launch = _state_file(directory)
         program = _program(str(name), launch)
-        log = os.path.join(directory, "vllm.log")
+        log = os.path.join(directory, LOG_NAME)
         entry: Dict[str, Any] = {"program": program, "launch": launch, "now": time.time()}
         try:
             st = os.stat(log)

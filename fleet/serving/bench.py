@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from fleet.serving.profile import Profile
     from fleet.transport import Runner, Session
 
-Role = Literal["speculative", "baseline"]
+SideRole = Literal["speculative", "baseline"]
 SCRIPT = "bench"
 NO_GAIN_LENGTH = 1.1  # a mean acceptance length below this: the drafter buys nothing
 
@@ -79,7 +79,7 @@ class Side:
     """One server measured."""
 
     host: str
-    role: Role
+    role: SideRole
     tool: str
     summary: dict[str, Any]
     spec_decode: readiness.SpecDecode | None = None
@@ -102,7 +102,7 @@ class Side:
 
 
 def measure(
-    conn: Runner, profile: Profile, spec: BenchSpec, *, api_key: str | None, role: Role
+    conn: Runner, profile: Profile, spec: BenchSpec, *, api_key: str | None, role: SideRole
 ) -> Side:
     """Load the server of ``profile`` on the host (one on-host call) and read the result."""
     python = conn.host.python or "python3"

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from fleet.diagnosis.factory import diagnosis
 from fleet.errors import ConnectError, FleetError
 from fleet.onhost.client import HostRefusal
+from fleet.onhost.supervisors import ACTIVE_STATES
 from fleet.serving import host_calls, readiness
 from fleet.serving import preflight as pre
 from fleet.serving.multinode import (
@@ -53,6 +54,7 @@ from fleet.serving.profile import Profile, for_host, read_secrets
 from fleet.serving.serve import (
     HEALTH_WAIT,
     TICK,
+    Events,
     ServeOptions,
     ServeResult,
     endpoint,
@@ -68,10 +70,8 @@ if TYPE_CHECKING:
     from fleet.transport import Runner, Session
 
 log = logging.getLogger(__name__)
-Events = Callable[[dict[str, Any]], None]
 DEAD_GRACE_S = 3.0  # after the first node fails: a worker that died too is the one named
 RAY_JOIN_S = 120.0  # every node's raylet registered with the head's GCS within this
-ACTIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
 
 
 @dataclass
@@ -192,7 +192,9 @@ class _GroupServe:
 
         self.each(observe)
         answers = {run.name: run.answer for run in self.runs if run.answer is not None}
-        running = [r for r in self.runs if r.answer and r.answer.server.program.state in ACTIVE]
+        running = [
+            r for r in self.runs if r.answer and r.answer.server.program.state in ACTIVE_STATES
+        ]
         if running and not self.options.restart:
             names = ", ".join(r.name for r in running)
             self.all_results(
@@ -482,7 +484,7 @@ class _GroupServe:
             except Exception:  # an unreachable worker is the likelier culprit still
                 return run
             entry = answer.profiles.get(launch.name)
-            if entry is None or entry.program.state not in ACTIVE:
+            if entry is None or entry.program.state not in ACTIVE_STATES:
                 return run
         return failing
 

@@ -42,15 +42,14 @@ if TYPE_CHECKING:
     from fleet.inventory import HostSpec
     from fleet.patching.manifest import PatchSet
     from fleet.serving.profile import Profile
-    from fleet.serving.serve import ServeResult
+    from fleet.serving.serve import Events, ServeResult
     from fleet.transport import Runner, Session
     from fleet.transport.link import HostLink
 
 log = logging.getLogger(__name__)
 
 Action = Literal["keep", "roll", "start"]
-Result = Literal["kept", "ready", "failed", "untouched"]
-Events = Callable[[dict[str, Any]], None]
+RolloutResult = Literal["kept", "ready", "failed", "untouched"]
 SERVING = ("ready", "loading", "starting")
 PATCH_OK = ("already-applied", "not-needed")
 DRAIN_POLL_S = 0.5
@@ -72,7 +71,7 @@ class Observed:
 
 
 @dataclass
-class HostPlan:
+class HostStep:
     host: str
     action: Action
     why: str
@@ -86,12 +85,12 @@ class HostPlan:
 @dataclass
 class Plan:
     profile: str
-    hosts: list[HostPlan]
+    hosts: list[HostStep]
     batches: list[list[str]]
     canary: int
     batch_size: int
 
-    def of(self, host: str) -> HostPlan:
+    def of(self, host: str) -> HostStep:
         return next(h for h in self.hosts if h.host == host)
 
     @property
@@ -121,7 +120,7 @@ def plan(
         raise UsageError(f"--batch {batch}: must be at least 1")
     if canary < 0:
         raise UsageError(f"--canary {canary}: must not be negative")
-    hosts: list[HostPlan] = []
+    hosts: list[HostStep] = []
     for seen in observed:
         want = fingerprints[seen.host]
         needs_patch = seen.patch is not None and seen.patch not in PATCH_OK
@@ -130,7 +129,7 @@ def plan(
             why = "serves the profile as it is now"
             if needs_patch:
                 why += f" (its patch set on disk: {seen.patch}; the next start patches it)"
-            hosts.append(HostPlan(seen.host, "keep", why))
+            hosts.append(HostStep(seen.host, "keep", why))
             continue
         if seen.state in SERVING and not current:
             why = (
@@ -138,12 +137,12 @@ def plan(
                 if seen.fingerprint
                 else "serves the profile, started without a fingerprint (an earlier fleet)"
             )
-            hosts.append(HostPlan(seen.host, "roll", why, patch=needs_patch))
+            hosts.append(HostStep(seen.host, "roll", why, patch=needs_patch))
         elif seen.state in ("loading", "starting"):
             why = f"is {seen.state} the profile as it is now: followed until ready"
-            hosts.append(HostPlan(seen.host, "start", why, patch=False))
+            hosts.append(HostStep(seen.host, "start", why, patch=False))
         else:
-            hosts.append(HostPlan(seen.host, "start", f"serves nothing ({seen.state})",
+            hosts.append(HostStep(seen.host, "start", f"serves nothing ({seen.state})",
                                   patch=needs_patch))  # fmt: skip
         if needs_patch:
             hosts[-1].why += f"; patch set {seen.patch}"
@@ -181,7 +180,7 @@ class HostRun:
     host: str
     action: Action
     before: Observed
-    result: Result = "untouched"
+    result: RolloutResult = "untouched"
     steps: list[str] = field(default_factory=list)
     serve: ServeResult | None = None
     message: str | None = None
@@ -348,7 +347,7 @@ def _one_host(
     session: Session,
     host: HostSpec,
     profile_name: str,
-    step: HostPlan,
+    step: HostStep,
     out: HostRun,
     options: RolloutOptions,
     events: Events,

@@ -34,6 +34,7 @@ from fleet.diagnosis.factory import diagnosis
 from fleet.diagnosis.models import Diagnosis
 from fleet.errors import ConnectError
 from fleet.onhost.client import HostRefusal
+from fleet.onhost.supervisors import ACTIVE_STATES
 from fleet.serving import host_calls, readiness
 from fleet.serving import preflight as pre
 from fleet.serving.observed import PreflightAnswer, ServerSeen
@@ -50,11 +51,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Outcome = Literal["ready", "crashed", "stalled", "timeout", "refused", "launched"]
+# what a serve reports as it goes (the live display, --events): one dict per event
 Events = Callable[[dict[str, Any]], None]
 TICK = 1.0
 HEALTH_WAIT = 120.0  # beyond the load budget: readiness and metrics may still reconnect
 LOCK_POLL_S = 1.0
-ACTIVE = ("RUNNING", "STARTING", "BACKOFF", "STOPPING")
 # what a running server of the profile holds, so a --restart does not count it against itself
 REPLACED_HOLDS = frozenset({"port-in-use", "gpu-memory-utilization-too-high"})
 
@@ -241,7 +242,7 @@ class _Serve:
             result.code = "host-busy"
             result.message = "another fleet serve or stop of this profile is running on the host"
             return
-        if state in ACTIVE and not options.restart:
+        if state in ACTIVE_STATES and not options.restart:
             if state == "RUNNING" and server.health == 200:
                 result.outcome = result.phase = "ready"
                 result.pid = program.pid
@@ -262,7 +263,7 @@ class _Serve:
             return
         report = pre.judge(profile, observed, host=self.host.name)
         result.notes += report.notes
-        if state in ACTIVE:  # --restart: the port and GPUs are held by the server replaced
+        if state in ACTIVE_STATES:  # --restart: the port and GPUs are held by the server replaced
             held = [d for d in report.diagnoses if d.id in REPLACED_HOLDS]
             report.diagnoses = [d for d in report.diagnoses if d.id not in REPLACED_HOLDS]
             if held:

@@ -226,3 +226,41 @@ def test_the_drain_waits_for_the_requests_in_flight(
     assert drained["waited_s"] >= 1.0, drained
     # the request in flight finished whole before the server was stopped
     assert answer["status"] == 200 and answer["doc"]["usage"]["completion_tokens"] == 80
+
+
+def test_a_stop_on_vllm_0_18_drains_the_request_in_flight(sandbox_factory: Any) -> None:
+    """vLLM 0.18+ is launched with --shutdown-timeout: a stop (SIGTERM) lets the request in
+    flight finish (vLLM's EngineCore logs 'Draining 1 in-flight requests')."""
+    box = sandbox_factory(1, ("0.18.0",), load_seconds=1.0, name="drain18")
+    host = box.hosts[0].name
+    box.set_sim(host, step_ms=200.0)  # 80 tokens, ~29 steps of 2.8 tokens: about 6 s
+    code, doc, err = fleet(box, None, "serve", PROFILE, "--host", host)
+    assert code == 0, (doc, err)
+    key = box.secrets_path.read_text().strip().split("=", 1)[1]
+    port = int(box.host(host).vllm_port or 0)
+    answer: dict[str, Any] = {}
+
+    def request() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = json.dumps({"model": "kimi-k2.5", "prompt": "hello", "max_tokens": 80})
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+        conn.request("POST", "/v1/completions", body, headers)
+        response = conn.getresponse()
+        answer["status"] = response.status
+        answer["doc"] = json.loads(response.read())
+        conn.close()
+
+    client = threading.Thread(target=request)
+    client.start()
+    time.sleep(0.5)
+    code, doc, err = fleet(box, None, "stop", PROFILE, "--host", host)
+    client.join(timeout=60)
+    assert code == 0, (doc, err)
+    assert answer["status"] == 200 and answer["doc"]["usage"]["completion_tokens"] == 80
+    log = box.on_host(host, ["cat", ".fleet/run/kimi-eagle3/vllm.log"]).stdout
+    assert (
+        "--shutdown-timeout"
+        in box.on_host(host, ["cat", ".fleet/run/kimi-eagle3/launch.sh"]).stdout
+    )
+    assert "Draining 1 in-flight requests (timeout=30s)" in log, log[-3000:]
+    box.down()

@@ -584,12 +584,7 @@ def public_type_names(tree: ast.Module) -> list[str]:
 SHARED_TYPE_NAMES: dict[str, str] = {}
 # to be renamed in the files of the serve session (issue 20): the same callback type three
 # times, and names that another package defines first
-SHARED_TYPE_NAMES_PENDING = {
-    "Events": "serving/serve.py, serving/group.py and serving/rollout.py: one definition",
-    "HostPlan": "serving/rollout.py (patching/engine.py has the patch plan)",
-    "Result": "serving/rollout.py (transport/runner.py has a command's result)",
-    "Role": "serving/bench.py (diagnosis/models.py has a rule's role)",
-}
+SHARED_TYPE_NAMES_PENDING: dict[str, str] = {}
 
 
 def shared_type_names(root: Path) -> dict[str, list[str]]:

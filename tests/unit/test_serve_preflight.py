@@ -152,3 +152,17 @@ def test_the_port_check_sees_a_bound_socket_but_not_time_wait() -> None:
     bound.close()
     answer = _bind_free("127.0.0.1", port)
     assert answer["free"] is True and "TIME_WAIT" in answer.get("note", "")
+
+
+def test_status_lists_only_fleets_run_directories(tmp_path: Path, monkeypatch: Any) -> None:
+    """A stray directory in ~/.fleet/run (a name fleet serve refuses) is no profile: it
+    is skipped, not a refusal of the whole status."""
+    from fleet.onhost import serve as onhost_serve
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    run = tmp_path / ".fleet" / "run"
+    (run / "kimi-eagle3").mkdir(parents=True)
+    (run / "Not A Profile").mkdir()
+    (run / ("x" * 80)).mkdir()
+    out = onhost_serve.op_status({"names": [], "metrics": False})
+    assert list(out["profiles"]) == ["kimi-eagle3"]

@@ -105,7 +105,8 @@ def test_templates_cannot_reach_python_internals() -> None:
 def test_schema_is_the_models_json_schema() -> None:
     doc = schema()
     assert doc["title"] == "fleet serve profile"
-    assert {"model", "speculative", "tensor_parallel_size"} <= set(doc["required"])
+    assert {"model", "tensor_parallel_size"} <= set(doc["required"])
+    assert "speculative" not in doc["required"]  # a profile without a drafter is a plain server
     assert doc["properties"]["supervisor"]["enum"] == ["auto", "supervisord", "systemd"]
 
 

@@ -307,9 +307,27 @@ class Sim:
                 return self.shutdown(signalled=sim.terminated, finished=True)
             time.sleep(0.05)
 
+    def drain(self) -> None:
+        """SIGTERM with ``--shutdown-timeout N`` (0.18+): the engine lets the requests in
+        flight finish, for at most N seconds, before the server goes down (0: aborted)."""
+        sim = self.state
+        timeout = int(sim.args.get("shutdown_timeout") or 0)
+        app = getattr(sim, "app", None)
+        if timeout <= 0 or app is None:
+            return
+        sim.say("shutdown_initiated", (timeout,))
+        running = app.metrics.running
+        if running:
+            sim.say("shutdown_draining", (running, timeout))
+            deadline = time.monotonic() + timeout
+            while app.metrics.running and time.monotonic() < deadline:
+                time.sleep(0.05)
+        sim.say("shutdown_complete", ())
+
     def shutdown(self, signalled: bool, finished: bool = False) -> int:
         sim = self.state
         if signalled:
+            self.drain()
             sim.say("http_shutdown", ())
         sim.api.stderr("INFO:     Shutting down\n")
         server = getattr(sim, "server", None)

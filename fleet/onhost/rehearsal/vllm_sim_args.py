@@ -40,6 +40,7 @@ SIM_TYPED = {
     "speculative_config": "json",
     "served_model_name": "list",
     "seed": "int",
+    "shutdown_timeout": "int",
 }
 
 

@@ -98,6 +98,8 @@ def start_engine(sim: SimState) -> None:
     titles = ["VLLM::" + sim.worker_name(first + r) for r in range(sim.nodes.local_world)]
     spawned = sim_spawn_engine(sys.executable, titles, sim.gpus.path, sim.api.pid)
     engine_child: SimChild = spawned["engine"]
+    if int(sim.args.get("shutdown_timeout") or 0) > 0:
+        engine_child.drain_on_sigterm()
     sim.worker_pipes = spawned["worker_pipes"]
     sim.worker_titles = titles
     sim.engine = SimProcess(sim, engine_child.pid, engine_child)

@@ -121,6 +121,9 @@ while True:
     elif op == b"K":
         ack("ok")
         os.kill(os.getpid(), int(parts[1]))
+    elif op == b"T":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ack("ok")
     else:
         ack("?")
 """
@@ -159,6 +162,11 @@ class SimChild:
     def exit(self, code: int, clear: bool = False) -> None:
         self.request(b"X %d%s\n" % (code, b" clear" if clear else b""))
         self.alive = False
+
+    def drain_on_sigterm(self) -> None:
+        """A SIGTERM no longer ends this process: the server drains, then ends it (vLLM
+        0.18+'s EngineCore with --shutdown-timeout takes SIGTERM as "finish, then stop")."""
+        self.request(b"T\n")
 
     def kill(self, sig: int) -> None:
         self.request(b"K %d\n" % sig)

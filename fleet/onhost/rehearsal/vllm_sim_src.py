@@ -189,6 +189,10 @@ SIM_MESSAGES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...], Optional[str], s
     "routes": (LAUNCHER, ("Available routes are:",), None, "A"),
     "route": (LAUNCHER, ("Route: %s, Methods: %s",), None, "A"),
     "http_shutdown": (LAUNCHER, ("Shutting down FastAPI HTTP server.",), None, "A"),
+    # SIGTERM with --shutdown-timeout N > 0 (0.18+, EngineCore._handle_shutdown)
+    "shutdown_initiated": ((CORE,), ("Shutdown initiated (timeout=%d)",), None, "E"),
+    "shutdown_draining": ((CORE,), ("Draining %d in-flight requests (timeout=%ds)",), None, "E"),
+    "shutdown_complete": ((CORE,), ("Shutdown complete",), None, "E"),
     "worker_failed": ((EXECUTOR,), ("WorkerProc failed to start.",), None, "W"),
     "core_failed": ((CORE,), ("EngineCore failed to start.",), None, "E"),
     "worker_died": ((EXECUTOR,), ("Worker proc %s died unexpectedly",), None, "E"),
