@@ -71,6 +71,7 @@ TAXONOMY: tuple[str, ...] = (
     "node-unreachable",
     "network-interface-wrong",
     "node-ip-duplicate",
+    "node-join-timeout",
     # server
     "port-in-use",
     "engine-dead",

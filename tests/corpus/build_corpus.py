@@ -1225,6 +1225,35 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain"),
     ),
     Scenario(
+        "dp-headless-handshake",
+        "node-join-timeout",
+        "vllm/v1/engine/core.py EngineCoreProc.startup_handshake (0.10.2-0.33.0; a headless engine waits HANDSHAKE_TIMEOUT_MINS = 5 for the head's front-end)",
+        exc=["RuntimeError: Did not receive response from front-end process within 5 minutes"],
+        frames=[
+            F(
+                "vllm/v1/engine/core.py",
+                1012,
+                "startup_handshake",
+                "raise RuntimeError(",
+            ),
+        ],
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
+    ),
+    Scenario(
+        "ray-placement-group-wait",
+        "node-join-timeout",
+        "vllm/v1/executor/ray_utils.py _wait_until_pg_ready (0.11.1-0.33.0; PG_WAIT_TIMEOUT = 1800)",
+        exc=[
+            "ValueError: Cannot provide a placement group requiring 16 GPUs (placement_group_specs=[{'node:10.0.0.5': 0.001, 'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}, {'GPU': 1.0}]) within 1800 seconds.",
+            "Tensor parallel size may exceed available GPUs in your cluster. Check resources with `ray status` and `ray list nodes`.",
+        ],
+        frames=[
+            F("vllm/v1/executor/ray_utils.py", 314, "_wait_until_pg_ready", "raise ValueError("),
+        ],
+        shapes=("v1", "truncated"),
+    ),
+    Scenario(
         "exited",
         "process-exited",
         "Linux shell/OOM killer: the process is SIGKILLed",

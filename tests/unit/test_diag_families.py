@@ -87,9 +87,27 @@ def test_the_committed_table_matches_the_catalogue() -> None:
             "ValueError: World size (16) is larger than the number of available GPUs (8) in this node.",
             "tp-size-invalid",
         ),
+        # 0.11.1-0.12's text for the same check (TP16 over two nodes without a backend)
+        (
+            "ValueError: Tensor parallel size (16) cannot be larger than the number of available GPUs (8).",
+            "tp-size-invalid",
+        ),
         (
             "ValueError: Async scheduling is not supported with pipeline-parallel-size > 1.",
             "pp-layer-mapping-error",
+        ),
+        # a node that never joined: Ray's placement group wait, a headless engine's handshake
+        (
+            "ValueError: Cannot provide a placement group requiring 16 GPUs (placement_group_specs=[{'GPU': 1.0}, {'GPU': 1.0}]) within 1800 seconds.",
+            "node-join-timeout",
+        ),
+        (
+            "ValueError: Cannot provide a placement group of placement_group_specs=[{'GPU': 1.0}] within 1800 seconds. See `ray status` and `ray list nodes` to make sure the cluster has enough resources.",
+            "node-join-timeout",
+        ),
+        (
+            "RuntimeError: Did not receive response from front-end process within 5 minutes",
+            "node-join-timeout",
         ),
         # a rank cannot reach the rendezvous store (multi-node start-up)
         (
