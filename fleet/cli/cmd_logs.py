@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from fleet.diagnosis.host_logs import RemoteDiagnosis
     from fleet.diagnosis.models import Diagnosis
+    from fleet.serving.status import ProfileLog
     from fleet.transport import HostOutcome, Runner
 
 DEFAULT_SHOW = 100
@@ -83,9 +84,11 @@ def logs(
 ) -> int:
     """Show, follow or diagnose vLLM logs.
 
-    PROFILE's log is ~/.fleet/run/PROFILE/vllm.log on each host. With --diagnose the log is
-    filtered on the host (grep with the catalogue's prefilter) and only candidate lines are
-    fetched, so multi-GiB logs are diagnosed in seconds."""
+    PROFILE's log is ~/.fleet/run/PROFILE/vllm.log on each host; for a server across hosts
+    each host's own program's (a Ray worker's Ray node, PROFILE-ray), named with its node's
+    role and rank. With --diagnose the log is filtered on the host (grep with the
+    catalogue's prefilter) and only candidate lines are fetched, so multi-GiB logs are
+    diagnosed in seconds."""
     app.raw = raw
     if local_file is not None:
         if hosts or profile or remote_path:
@@ -111,10 +114,10 @@ def logs(
                 f"--follow streams one host; {len(selected)} match "
                 f"({', '.join(h.name for h in selected[:5])})"
             )
-        return _follow(app, selected[0], path, tail or DEFAULT_FOLLOW, diagnose)
+        return _follow(app, selected[0], path, tail or DEFAULT_FOLLOW, diagnose, profile)
     if diagnose:
-        return _diagnose_hosts(app, selected, path, tail)
-    return _show_hosts(app, selected, path, tail or DEFAULT_SHOW)
+        return _diagnose_hosts(app, selected, path, tail, profile)
+    return _show_hosts(app, selected, path, tail or DEFAULT_SHOW, profile)
 
 
 # --------------------------------------------------------------------------- local
@@ -183,13 +186,27 @@ def _print_lines(app: AppContext, numbered: list[tuple[int, str]]) -> None:
 # --------------------------------------------------------------------------- remote
 
 
-def _diagnose_hosts(app: AppContext, selected: list[Any], path: str, tail: int | None) -> int:
+def _log_of(conn: Runner, path: str, profile: str | None) -> ProfileLog | None:
+    """PROFILE's log on this host (a server across hosts: the host's own program's, with
+    its node); None for --path."""
+    from fleet.serving.status import profile_log
+
+    return profile_log(conn, conn.host, profile) if profile else None
+
+
+def _diagnose_hosts(
+    app: AppContext, selected: list[Any], path: str, tail: int | None, profile: str | None
+) -> int:
     from fleet.diagnosis.engine import diagnoses_exit_code
     from fleet.diagnosis.host_logs import diagnose_remote
     from fleet.transport import exit_code
 
     def run(conn: Runner) -> RemoteDiagnosis:
-        return diagnose_remote(conn, path, tail=tail)
+        where = _log_of(conn, path, profile)
+        found = diagnose_remote(conn, where.path if where else path, tail=tail)
+        if where is not None and where.node:
+            found.node, found.program = where.node, where.program
+        return found
 
     outcomes = app.fan_out(selected, run)
     if app.json_output:
@@ -218,7 +235,19 @@ def hosts_json(outcomes: list[HostOutcome[RemoteDiagnosis]]) -> dict[str, Any]:
     ranked = rank_across_hosts(
         [(o.host, o.value.diagnoses) for o in outcomes if o.ok and o.value is not None]
     )
+    nodes = {o.host: o.value.node for o in outcomes if o.value is not None and o.value.node}
+    for entry in ranked:
+        if entry["host"] in nodes:
+            entry["node"] = nodes[entry["host"]]
     return {"diagnoses": ranked, **per_host_json(outcomes, RemoteDiagnosis.to_json)}
+
+
+def _named(host: str, node: dict[str, Any] | None, program: str | None) -> str:
+    """``h2 (worker 1 of 2, Ray node)``: a host, and its node of a server across hosts."""
+    from fleet.serving.status import node_label
+
+    label = node_label(node, program)
+    return f"{host} ({label})" if label else host
 
 
 def _render_outcome(out: Console, host: str, r: RemoteDiagnosis) -> None:
@@ -226,31 +255,41 @@ def _render_outcome(out: Console, host: str, r: RemoteDiagnosis) -> None:
 
     moved = human_bytes(r.bytes_received)
     of = f" of {human_bytes(r.file_size)} ({100 * r.fraction:.3g}%)" if r.file_size else ""
+    who = _named(host, r.node, r.program)
     out.print(
-        f"[bold]{escape(host)}[/] [dim]{escape(r.path)} — fetched {moved}{of}, "
+        f"[bold]{escape(who)}[/] [dim]{escape(r.path)} — fetched {moved}{of}, "
         f"{r.candidate_lines} candidate lines[/]",
         soft_wrap=True,
     )
     for note in r.notes:
         out.print(f"  [yellow]note:[/] {escape(note)}", soft_wrap=True)
-    render_diagnoses(out, r.diagnoses, where=f"{host}:{r.path}", lines=None)
+    render_diagnoses(out, r.diagnoses, where=f"{who}:{r.path}", lines=None)
 
 
-def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> int:
+def _show_hosts(
+    app: AppContext, selected: list[Any], path: str, lines: int, profile: str | None
+) -> int:
     from fleet.diagnosis.host_logs import tail_lines
     from fleet.transport import exit_code
 
-    outcomes = app.fan_out(selected, lambda conn: tail_lines(conn, path, lines))
+    def run(conn: Runner) -> tuple[ProfileLog | None, list[tuple[int, str]]]:
+        where = _log_of(conn, path, profile)
+        return where, tail_lines(conn, where.path if where else path, lines)
+
+    outcomes = app.fan_out(selected, run)
     if app.json_output:
         from fleet.cli.render import emit_json
         from fleet.transport import hosts_json
 
-        emit_json(
-            hosts_json(
-                outcomes,
-                lambda lines: {"path": path, "lines": [{"line": n, "text": t} for n, t in lines]},
-            )
-        )
+        def doc(value: tuple[ProfileLog | None, list[tuple[int, str]]]) -> dict[str, Any]:
+            where, numbered = value
+            out: dict[str, Any] = {"path": where.path if where else path}
+            if where is not None and where.node:
+                out.update(node=where.node, program=where.program)
+            out["lines"] = [{"line": n, "text": t} for n, t in numbered]
+            return out
+
+        emit_json(hosts_json(outcomes, doc))
     else:
         from rich.markup import escape
 
@@ -259,19 +298,31 @@ def _show_hosts(app: AppContext, selected: list[Any], path: str, lines: int) -> 
         many = len(outcomes) > 1
         for o in outcomes:
             if o.ok and o.value is not None:
-                if many:
-                    app.console.print(f"[bold]==> {escape(o.host)}:{escape(path)} <==[/]")
-                _print_lines(app, o.value)
+                where, numbered = o.value
+                node = where.node if where else None
+                if many or node:
+                    who = _named(o.host, node, where.program if where else None)
+                    shown = where.path if where else path
+                    app.console.print(f"[bold]==> {escape(who)}:{escape(shown)} <==[/]")
+                _print_lines(app, numbered)
         failure_lines(app.console, outcomes)
     return exit_code(outcomes)
 
 
-def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -> int:
+def _follow(
+    app: AppContext, host: Any, path: str, lines: int, diagnose: bool, profile: str | None
+) -> int:
     from fleet.cli.render import terminal_safe
     from fleet.diagnosis.engine import diagnoses_exit_code
     from fleet.diagnosis.host_logs import follow_resumable
 
     session = app.session()
+    where = _log_of(session.connect(host), path, profile) if profile else None
+    if where is not None:
+        path = where.path
+    node = where.node if where else None
+    who = _named(host.name, node, where.program if where else None)
+    tag = {"node": node} if node else {}
     found: list[Diagnosis] = []
     try:
         # resumed after a dropped connection or a restarted host, from the next byte
@@ -281,18 +332,19 @@ def _follow(app: AppContext, host: Any, path: str, lines: int, diagnose: bool) -
                 sys.stdout.write((text if app.raw else terminal_safe(text)) + "\n")
                 sys.stdout.flush()
             elif not diagnose:
-                sys.stdout.write(json.dumps({"host": host.name, "line": n, "text": text}) + "\n")
+                line = {"host": host.name, **tag, "line": n, "text": text}
+                sys.stdout.write(json.dumps(line) + "\n")
                 sys.stdout.flush()
             if diagnose and fresh:
                 found.extend(fresh)
                 if app.json_output:
                     for d in fresh:
-                        doc = {"host": host.name, "diagnosis": d.as_contract()}
+                        doc = {"host": host.name, **tag, "diagnosis": d.as_contract()}
                         sys.stdout.write(json.dumps(doc) + "\n")
                     sys.stdout.flush()
                 else:
                     render_diagnoses(
-                        app.console, fresh, where=f"{host.name}:{path}", lines=None, live=True
+                        app.console, fresh, where=f"{who}:{path}", lines=None, live=True
                     )
     except KeyboardInterrupt:
         click.echo("fleet: interrupted", err=True)

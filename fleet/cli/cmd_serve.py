@@ -401,21 +401,26 @@ def status(app: AppContext, profile: str | None, hosts: tuple[str, ...]) -> int:
     from rich.table import Table
 
     from fleet.cli.render import failure_lines
+    from fleet.serving.status import node_label
 
     table = Table(title="fleet status", title_justify="left")
-    for col in ("host", "profile", "state", "phase", "pid", "uptime", "endpoint", "acceptance"):
+    columns = ("host", "profile", "node", "state", "phase", "pid", "uptime", "endpoint",
+               "acceptance")  # fmt: skip
+    for col in columns:
         table.add_column(col, no_wrap=True)
     for o in outcomes:
         for p in o.value or []:
             style = STATE_STYLE.get(p.state, "")
             phase = p.phase + (f" {p.percent:.0f}%" if p.percent is not None else "")
             acc = f"{p.acceptance_rate:.2f}" if p.acceptance_rate is not None else "-"
+            node = node_label(p.node, p.name) or "-"
             table.add_row(
-                escape(o.host), escape(p.name), f"[{style}]{p.state}[/]", escape(phase),
-                str(p.pid or "-"), _clock(p.uptime_s) or "-", escape(p.endpoint or "-"), acc,
+                escape(o.host), escape(p.name), escape(node), f"[{style}]{p.state}[/]",
+                escape(phase), str(p.pid or "-"), _clock(p.uptime_s) or "-",
+                escape(p.endpoint or "-"), acc,
             )  # fmt: skip
         if o.ok and not o.value:
-            table.add_row(escape(o.host), "-", "[dim]no profiles[/]", "", "", "", "", "")
+            table.add_row(escape(o.host), "-", "", "[dim]no profiles[/]", *[""] * 5)
     app.console.print(table)
     failure_lines(app.console, outcomes)
     return exit_code(outcomes)
@@ -427,9 +432,12 @@ def status(app: AppContext, profile: str | None, hosts: tuple[str, ...]) -> int:
 @pass_app
 def stop(app: AppContext, profile: str, hosts: tuple[str, ...]) -> int:
     """Stop PROFILE's server through its supervisor: TERM, then KILL after the grace
-    period; idempotent ("already stopped"). Reports the GPU memory in use afterwards."""
+    period; idempotent ("already stopped"). Reports the GPU memory in use afterwards.
+
+    A server across hosts stops as a whole: selecting some of its nodes stops the rest of
+    their group too (each named, with the node it was stopped with)."""
     from fleet.serving.profile import profile_path
-    from fleet.serving.status import stop_host
+    from fleet.serving.status import rest_of_groups, stop_host
     from fleet.transport import exit_code
 
     profile_path(profile)
@@ -439,23 +447,51 @@ def stop(app: AppContext, profile: str, hosts: tuple[str, ...]) -> int:
     outcomes = app.fan_out(
         selected, lambda c: stop_host(c, inventory[c.host.name], profile), session
     )
+    reports = {o.host: o.value for o in outcomes if o.value is not None}
+    rest, warnings = rest_of_groups(reports, app.inventory().hosts)
+    if rest:
+        group_of = {host.name: of for host, of in rest}
+        inventory.update((host.name, host) for host, _of in rest)
+
+        def stop_rest(conn: Any) -> StopReport:
+            report = stop_host(conn, inventory[conn.host.name], profile)
+            report.group_of = group_of[conn.host.name]
+            return report
+
+        outcomes += app.fan_out([host for host, _of in rest], stop_rest, session)
     if app.json_output:
         from fleet.cli.render import emit_json
         from fleet.transport import hosts_json
 
-        emit_json(hosts_json(outcomes, lambda r: r.to_json()))
+        doc = hosts_json(outcomes, lambda r: r.to_json())
+        emit_json({**doc, "warnings": warnings} if warnings else doc)
         return exit_code(outcomes)
+    from rich.markup import escape
+
     from fleet.cli.render import host_table
+    from fleet.serving.status import node_label
 
     def cells(r: StopReport) -> list[str]:
+        node = node_label(r.node) or "-"
+        if r.group_of:
+            node += f" (with {r.group_of})"
         what = "already stopped" if not r.was_running else f"stopped pid {r.pid}"
         if r.stopped_in_s is not None:
             what += f" in {r.stopped_in_s:.1f}s"
-        return [what, f"{r.gpu_memory_used_mib} MiB" if r.gpu_memory_used_mib is not None else "-"]
+        used = f"{r.gpu_memory_used_mib} MiB" if r.gpu_memory_used_mib is not None else "-"
+        return [escape(node), what, used]
 
-    host_table(
-        app.console, outcomes, ["result", "GPU memory used after"], cells, title="fleet stop"
-    )
+    host_table(app.console, outcomes, ["node", "result", "GPU memory used after"], cells,
+               title="fleet stop")  # fmt: skip
+    if rest:
+        names = ", ".join(f"{host.name} ({of}'s group)" for host, of in rest)
+        app.console.print(
+            f"[yellow]note:[/] stopped the rest of the group too: {escape(names)} (a server "
+            "across hosts stops as a whole)",
+            soft_wrap=True,
+        )
+    for warning in warnings:
+        app.console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     return exit_code(outcomes)
 
 

@@ -261,6 +261,8 @@ class RemoteDiagnosis:
     dropped_lines: int = 0
     truncated: bool = False
     notes: list[str] = field(default_factory=list)
+    node: dict[str, Any] | None = None  # a server across hosts: the node this log is of
+    program: str | None = None  # the profile's program whose log it is (P, or P-ray)
 
     @property
     def fraction(self) -> float:
@@ -275,6 +277,8 @@ class RemoteDiagnosis:
             "candidate_lines": self.candidate_lines,
             "truncated": self.truncated,
             "notes": self.notes,
+            **({"node": self.node} if self.node else {}),
+            **({"program": self.program} if self.program else {}),
         }
 
 

@@ -15,9 +15,11 @@
 #              and the supervisor's file atomically, and start it under the chosen
 #              supervisor (fleet/onhost/supervisors.py: fleet's supervisord, or systemd).
 #   status     per profile: its supervisor's state, pid, uptime, the log's size and its
-#              last bytes (the local phase tracker reads them), /health.
+#              last bytes (the local phase tracker reads them; "tail": false leaves
+#              them out), /health.
 #   stop       through the profile's supervisor (TERM to the process group, KILL after the
-#              grace period); idempotent; the GPU memory nvidia-smi reports afterwards.
+#              grace period); idempotent; the GPU memory nvidia-smi reports afterwards,
+#              and the launch record's node (a server across hosts: rank, role, group).
 # Secrets arrive in the request (stdin), are written to a 0600 file and never printed.
 import base64
 import errno
@@ -448,9 +450,10 @@ def op_status(request: Dict[str, Any]) -> Dict[str, Any]:
         try:
             st = os.stat(log)
             entry["log_size"] = st.st_size
-            with open(log, "rb") as fh:
-                fh.seek(max(0, st.st_size - LOG_TAIL_BYTES))
-                entry["log_tail"] = base64.b64encode(fh.read()).decode("ascii")
+            if request.get("tail", True):
+                with open(log, "rb") as fh:
+                    fh.seek(max(0, st.st_size - LOG_TAIL_BYTES))
+                    entry["log_tail"] = base64.b64encode(fh.read()).decode("ascii")
         except OSError:
             entry["log_size"] = None
         port = launch.get("port")
@@ -468,8 +471,9 @@ def op_stop(request: Dict[str, Any]) -> Dict[str, Any]:
     directory = run_dir(name)
     launch = _state_file(directory)
     before = _program(name, launch)
+    node = launch.get("node")  # its part of a server across hosts (rank, role, group)
     if before["state"] not in ACTIVE_STATES:
-        return {"was_running": False, "state": before["state"], "gpus": part_gpus()}
+        return {"was_running": False, "state": before["state"], "gpus": part_gpus(), "node": node}
     with FileLock(os.path.join(directory, "lock"), STOP_LOCK_WAIT, BUSY):
         started = time.monotonic()
         sup = backend(launch.get("supervisor"))
@@ -484,6 +488,7 @@ def op_stop(request: Dict[str, Any]) -> Dict[str, Any]:
             "stopped_in_s": round(time.monotonic() - started, 3),
             "supervisorctl": text,
             "gpus": part_gpus(),
+            "node": node,
         }
 
 

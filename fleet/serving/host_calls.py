@@ -92,6 +92,7 @@ class StopAnswer(_Answer):
     pid: int | None = None
     stopped_in_s: float | None = None
     gpus: dict[str, Any] = Field(default_factory=dict)
+    node: dict[str, Any] | None = None  # the launch record's part of a server across hosts
 
 
 def preflight(
@@ -151,8 +152,7 @@ def launch(
         ),
     }  # fmt: skip
     if node is not None:
-        request["node"] = {"rank": node.rank, "count": node.count, "role": "head" if node.head
-                           else "worker", "address": node.address}  # fmt: skip
+        request["node"] = node.record()
     if backend == "supervisord":
         from fleet.wheels import supervisor_wheel
 
@@ -162,8 +162,11 @@ def launch(
     return run_onhost(conn, SCRIPT, request, LaunchAnswer, timeout=LAUNCH_TIMEOUT)
 
 
-def status(conn: Runner, names: list[str] | None = None, *, metrics: bool = False) -> StatusAnswer:
-    request = {"op": "status", "names": names or [], "metrics": metrics}
+def status(
+    conn: Runner, names: list[str] | None = None, *, metrics: bool = False, tail: bool = True
+) -> StatusAnswer:
+    """Each profile's state (``tail``: with its log's last bytes, for the phase)."""
+    request = {"op": "status", "names": names or [], "metrics": metrics, "tail": tail}
     return run_onhost(conn, SCRIPT, request, StatusAnswer)
 
 

@@ -135,10 +135,23 @@ class Node:
     budget_s: float
     offers: Offers = field(default_factory=Offers)
     ray_program: bool = False  # this node's `ray start` (not vLLM)
+    group: str = ""  # the group's name (its head's inventory name)
+    members: tuple[str, ...] = ()  # every node's inventory name, by rank
 
     @property
     def head(self) -> bool:
         return self.rank == 0
+
+    @property
+    def role(self) -> str:
+        return "head" if self.head else "worker"
+
+    def record(self) -> dict[str, Any]:
+        """What the launch record keeps of this node (``fleet status``, ``logs`` and
+        ``stop`` read it back: who the node is, and which hosts make up its group)."""
+        return {"rank": self.rank, "count": self.count, "role": self.role,
+                "address": self.address, "group": self.group,
+                "members": list(self.members)}  # fmt: skip
 
     @property
     def runs_vllm(self) -> bool:
@@ -194,6 +207,8 @@ def node_of(member: Member, group: Group, profile: Profile, offers: Offers, budg
         backend=profile.distributed_backend,
         budget_s=budget,
         offers=offers,
+        group=group.name,
+        members=tuple(m.host.name for m in group.members),
     )
 
 

@@ -106,8 +106,16 @@ def test_mp_from_a_half_patched_refusal_to_ready_then_a_dead_node_ends_the_group
         status = json.loads(box.run_fleet("--json", "status", "--host", "sandbox").stdout)
         nodes = {h: e["profiles"][PROFILE]["node"]["role"] for h, e in status["hosts"].items()}
         assert nodes == {head: "head", worker: "worker"}
-        stop = box.run_fleet("stop", PROFILE, "--host", "sandbox")
-        assert stop.returncode == 0
+        table = box.run_fleet("status", "--host", "sandbox").stdout
+        assert "head 0 of 2" in table and "worker 1 of 2" in table, table
+        # the head's vLLM log, and the worker's, each named with its node
+        shown = box.run_fleet("logs", PROFILE, "--host", worker, "--tail", "5")
+        assert shown.returncode == 0 and f"{worker} (worker 1 of 2)" in shown.stdout, shown
+        # the head alone selected: a server across hosts stops as a whole
+        stop = box.run_fleet("stop", PROFILE, "--host", head)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert "stopped the rest of the group too" in stop.stdout and worker in stop.stdout
+        assert "head 0 of 2" in stop.stdout and f"worker 1 of 2 (with {head})" in stop.stdout
         assert processes(box, head, "vllm") == processes(box, worker, "vllm") == 0
 
         # the worker's vLLM killed mid-load: crashed on both nodes, the dead node named
@@ -184,7 +192,20 @@ def test_ray_a_real_cluster_carries_the_group_and_a_dead_raylet_ends_it(
         ray_log = box.on_host(worker, "cat ~/.fleet/run/kimi-eagle3-pp2-ray/vllm.log").stdout
         assert "Ray runtime started" in ray_log or "ray start" in ray_log, ray_log[-1000:]
         assert processes(box, worker, "ray") >= 1
-        box.run_fleet("stop", PROFILE, "--host", "sandbox")
+        # the worker runs only its Ray node: fleet logs reads that program's log
+        shown = box.run_fleet("logs", PROFILE, "--host", worker)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert f"{worker} (worker 1 of 2, Ray node)" in shown.stdout, shown.stdout[-1500:]
+        found = box.run_fleet("--json", "logs", PROFILE, "--host", "sandbox", "--diagnose")
+        logs = json.loads(found.stdout)["hosts"]
+        assert logs[worker]["program"] == PROFILE + "-ray" and logs[head]["program"] == PROFILE
+        assert {h: e["node"]["role"] for h, e in logs.items()} == {head: "head", worker: "worker"}
+        # the worker alone selected: the whole group stops, each node named
+        stop = box.run_fleet("--json", "stop", PROFILE, "--host", worker)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        stopped = json.loads(stop.stdout)["hosts"]
+        assert stopped[worker]["node"]["role"] == "worker" and stopped[head]["node"]["rank"] == 0
+        assert stopped[head]["stopped_with_group_of"] == worker, stopped
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and (
             processes(box, head, "ray") or processes(box, worker, "ray")

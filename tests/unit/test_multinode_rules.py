@@ -13,6 +13,7 @@ from fleet.inventory import HostSpec
 from fleet.serving.multinode import Offers, judge_group, node_of, split_groups
 from fleet.serving.observed import PreflightAnswer
 from fleet.serving.profile import ProfileError, for_host
+from fleet.serving.status import StopReport, node_label, rest_of_groups
 
 HOSTS = [
     HostSpec(name=f"h{i}", address=f"10.0.0.{i}", python="/env/bin/python",
@@ -138,3 +139,38 @@ def test_duplicate_node_addresses_are_refused() -> None:
     group = split_groups(twins, 2)[0]
     found = ids(judge_group(PROFILE, group, {"h1": answer(), "h2": copy.deepcopy(answer())}))
     assert "node-ip-duplicate" in found["h1"]
+
+
+def test_the_launch_record_names_the_node_and_its_group() -> None:
+    group = split_groups(HOSTS[:2], 2)[0]
+    worker = node_of(group.members[1], group, PROFILE, Offers(), 3600.0)
+    record = worker.record()
+    assert record["role"] == "worker" and record["rank"] == 1 and record["count"] == 2
+    assert record["group"] == "h1" and record["members"] == ["h1", "h2"]
+    assert node_label(record) == "worker 1 of 2"
+    assert node_label(record, "kimi-eagle3-pp2-ray") == "worker 1 of 2, Ray node"
+    assert node_label(None) is None and node_label({}) is None
+
+
+def test_stopping_part_of_a_group_stops_the_rest_and_names_what_it_cannot() -> None:
+    group = split_groups(HOSTS[:2], 2)[0]
+    records = {m.host.name: node_of(m, group, PROFILE, Offers(), 1.0).record()
+               for m in group.members}  # fmt: skip
+    inventory = {h.name: h for h in HOSTS}
+
+    def report(name: str, node: dict[str, Any] | None) -> StopReport:
+        return StopReport(profile="p", was_running=True, state="STOPPED", node=node)
+
+    # the worker alone: its head is stopped with it
+    rest, warnings = rest_of_groups({"h2": report("h2", records["h2"])}, inventory)
+    assert [(h.name, of) for h, of in rest] == [("h1", "h2")] and not warnings
+    # the whole group, or a server on one host: nothing more
+    both = {n: report(n, records[n]) for n in ("h1", "h2")}
+    assert rest_of_groups(both, inventory) == ([], [])
+    assert rest_of_groups({"h3": report("h3", None)}, inventory) == ([], [])
+    # a member gone from the inventory, a record without members: warned, not guessed
+    rest, warnings = rest_of_groups({"h2": report("h2", records["h2"])}, {"h2": HOSTS[1]})
+    assert rest == [] and "h1" in warnings[0] and "not in the inventory" in warnings[0]
+    old = {k: v for k, v in records["h2"].items() if k not in ("members", "group")}
+    rest, warnings = rest_of_groups({"h2": report("h2", old)}, inventory)
+    assert rest == [] and "worker 1 of 2" in warnings[0]
