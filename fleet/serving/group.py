@@ -535,29 +535,33 @@ class _GroupServe:
             pass
 
     def crashed(self, failing: NodeRun | None) -> None:
-        """The group crashed: the failing node's log diagnosed first, then the others'."""
+        """The group crashed: the failing node's log diagnosed first, then the others'.
+        A failing node whose log ends without an error (killed, its host gone) is named
+        first by its exit: the others' errors (a collective that timed out, a Ray actor
+        that died) follow from it."""
         from fleet.diagnosis.host_logs import diagnose_remote
 
         if failing is None:
             return
+        where = f"{failing.name} ({failing.member.role} {failing.member.rank})"
         order = [failing, *[r for r in self.runs if r is not failing]]
         found: list[Diagnosis] = []
         for run in order:
+            mine: list[Diagnosis] = []
             for launch in run.launches:
 
                 def read(conn: Runner, path: str = launch.log) -> list[Diagnosis]:
                     return diagnose_remote(conn, path).diagnoses
 
                 try:
-                    found += run.link.call("diagnose", read)
+                    mine += run.link.call("diagnose", read)
                 except Exception:  # the crash is reported even if a log cannot be read
                     pass
-        if not found:
-            found = [diagnosis("process-exited", host=failing.name, seen_by="follow",
-                               evidence=[f"{failing.name} ({failing.member.role} "
-                                         f"{failing.member.rank}) exited"],
-                               what="it exited while loading")]  # fmt: skip
-        where = f"{failing.name} ({failing.member.role} {failing.member.rank})"
+            if run is failing and not mine:
+                mine = [diagnosis("process-exited", host=failing.name, seen_by="follow",
+                                  evidence=[f"{where} exited; its log ends without an error"],
+                                  what=f"node {where} exited while loading")]  # fmt: skip
+            found += mine
         for run in self.runs:
             run.result.outcome = "crashed"
             run.result.diagnoses = found

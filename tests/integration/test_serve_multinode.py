@@ -61,6 +61,19 @@ def processes(box: Sandbox, host: str, what: str) -> int:
     return found
 
 
+def gone(box: Sandbox, *hosts: str, within: float = 40.0) -> None:
+    """No vLLM and no Ray node left on any of ``hosts`` (waited for up to ``within``)."""
+
+    def left() -> dict[str, int]:
+        return {f"{h} {what}": n for h in hosts for what in ("vllm", "ray")
+                if (n := processes(box, h, what))}  # fmt: skip
+
+    deadline = time.monotonic() + within
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left(), left()
+
+
 def state_pid(box: Sandbox, host: str, profile: str) -> int:
     text = box.on_host(host, f"cat ~/.fleet/run/{profile}/state.json").stdout
     return int(json.loads(text)["pid"])
@@ -119,26 +132,29 @@ def test_mp_from_a_half_patched_refusal_to_ready_then_a_dead_node_ends_the_group
         assert processes(box, head, "vllm") == processes(box, worker, "vllm") == 0
 
         # the worker's vLLM killed mid-load: crashed on both nodes, the dead node named
+        killed: list[int] = []
+
         def kill(_event: dict[str, Any]) -> None:
-            box.on_host(worker, ["kill", "-9", str(state_pid(box, worker, PROFILE))])
+            pid = state_pid(box, worker, PROFILE)
+            box.on_host(worker, ["kill", "-9", str(pid)])
+            killed.append(pid)
 
         box.set_sim(head, load_seconds=12)
         box.set_sim(worker, load_seconds=12)
         run = ServeRun(box, "sandbox", profile=PROFILE).when(on_phase("weights"), kill).start()
         code, _entry, err = run.finish()
         doc = _last_doc(run)
+        assert killed, ("the load never reached the weights: nothing was killed", doc)
         assert code == 1, err[-2000:]
         assert {doc[h]["outcome"] for h in (head, worker)} == {"crashed"}, doc
         assert doc[head]["failed_node"] == worker and worker in doc[head]["message"], (
             doc[head]["message"],
             [e for e in run.events if e["event"] in ("node-exited", "crash")],
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (
-            processes(box, head, "vllm") or processes(box, worker, "vllm")
-        ):
-            time.sleep(0.5)
-        assert processes(box, head, "vllm") == processes(box, worker, "vllm") == 0
+        # the dead node's log is diagnosed first: its exit, then the head's symptom
+        first = doc[head]["diagnoses"][0]
+        assert first["values"].get("host") == worker, doc[head]["diagnoses"]
+        gone(box, head, worker)
     finally:
         box.run_fleet("stop", PROFILE, "--host", "sandbox")
 
@@ -206,14 +222,11 @@ def test_ray_a_real_cluster_carries_the_group_and_a_dead_raylet_ends_it(
         stopped = json.loads(stop.stdout)["hosts"]
         assert stopped[worker]["node"]["role"] == "worker" and stopped[head]["node"]["rank"] == 0
         assert stopped[head]["stopped_with_group_of"] == worker, stopped
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline and (
-            processes(box, head, "ray") or processes(box, worker, "ray")
-        ):
-            time.sleep(0.5)
-        assert processes(box, head, "ray") == processes(box, worker, "ray") == 0
+        gone(box, head, worker)
 
         # the worker's Ray node killed mid-load: the group crashed, that node named
+        killed: list[int] = []
+
         def kill(_event: dict[str, Any]) -> None:
             # the whole Ray node of the worker, as a dead host takes it: its process group
             import signal
@@ -226,6 +239,7 @@ def test_ray_a_real_cluster_carries_the_group_and_a_dead_raylet_ends_it(
                 try:
                     if mark in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "):
                         os.killpg(os.getpgid(pid), signal.SIGKILL)
+                        killed.append(pid)
                 except OSError:
                     continue
 
@@ -234,7 +248,11 @@ def test_ray_a_real_cluster_carries_the_group_and_a_dead_raylet_ends_it(
         run = ServeRun(box, "sandbox", profile=PROFILE).when(on_phase("weights"), kill).start()
         code, _entry, err = run.finish()
         doc = _last_doc(run)
+        assert killed, ("the load never reached the weights: nothing was killed", doc)
         assert code == 1 and {doc[h]["outcome"] for h in (head, worker)} == {"crashed"}, doc
         assert doc[head]["failed_node"] == worker, doc[head]
+        first = doc[head]["diagnoses"][0]
+        assert first["values"].get("host") == worker, doc[head]["diagnoses"]
+        gone(box, head, worker)  # the group stopped: nothing left on either node
     finally:
         box.run_fleet("stop", PROFILE, "--host", "sandbox")

@@ -86,6 +86,10 @@ class SimNodes:
 
     def _serve_store(self) -> None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # as torch's TCPStore (c10d socket.cpp enableAddressReuse): the connections of the
+        # last server's rendezvous left in TIME_WAIT do not keep the next one from binding;
+        # a process that listens there still does
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             listener.bind((self.master_addr, self.master_port))
         except OSError:
