@@ -39,3 +39,12 @@ PATCH_HOSTS = PATCH_ENGINE[1:]
 FAMILY_REPRESENTATIVES = tuple(tested for _name, _first, _end, tested in LOG_FAMILIES)
 # the sandbox's hosts by default: the last patched family and the first upstream one
 SANDBOX_DEFAULT = EAGLE3_BOUNDARY
+# a server across hosts (fleet/serving/multinode.py): what a vLLM offers, read from its
+# source -- the last release without vLLM's own multi-node mode and the first with it
+# (--nnodes/--headless, 0.11.1), the last without VLLM_ENGINE_READY_TIMEOUT_S and the
+# first with it (0.14.0), 0.17.0, and the first with --distributed-timeout-seconds (0.18.0)
+MULTINODE_OFFERS = ("0.11.0", "0.11.1", "0.13.0", "0.14.0", "0.17.0", "0.18.0")
+# the rehearsal vLLM's start across two nodes: one release per log family, the first of
+# its family that has vLLM's multi-node mode (0.11.1 for <=0.14, whose representative is
+# 0.13.0), the family's representative otherwise
+MULTINODE_FAMILIES = ("0.11.1", *FAMILY_REPRESENTATIVES[1:])

@@ -108,7 +108,7 @@ class Offers:
     version: tuple[int, ...] = (0, 0, 0)
     multinode_mp: bool = False  # --nnodes, --headless
     distributed_timeout: bool = False  # --distributed-timeout-seconds (0.18+)
-    engine_ready_timeout: bool = False  # VLLM_ENGINE_READY_TIMEOUT_S (0.17+)
+    engine_ready_timeout: bool = False  # VLLM_ENGINE_READY_TIMEOUT_S (0.14+)
 
     @classmethod
     def of(cls, answer: PreflightAnswer) -> Offers:

@@ -27,6 +27,13 @@ from fleet.onhost.rehearsal.vllm_sim_state import GIB, SimExit, SimState
 from fleet.onhost.vllm_tree import admits, allowlists, judge_allowlist
 
 
+def ray_installed() -> bool:
+    """Can this interpreter import Ray (vLLM before 0.11.1 picks it by itself)?"""
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
+
+
 def config_error(sim: SimState, what: str, cls: str, message: str, kwargs: str) -> None:
     """A ValueError in a pydantic config's validation, as the APIServer prints it."""
     frames = sim_api_top(sim.src, sim.bin_path) + sim_engine_client(sim.src)
@@ -93,15 +100,29 @@ def configure(sim: SimState) -> None:
     sim.say("arch", (target.arch,))
     sim.say("max_len", (sim.max_model_len,))
     # ParallelConfig: world size against the GPUs of this node (its share of a server
-    # across nodes; with Ray, the cluster's)
+    # across nodes; with Ray, the cluster's). The text is the installed source's:
+    # 0.11.1-0.12 "Tensor parallel size (N) cannot be larger than the number of available
+    # GPUs (M).", 0.13+ "World size (N) is larger than ... in this node. If this is ..."
     world = sim.tp * sim.pp
     if not sim.nodes.fits():
         msg = sim.src.message(
             ("config/parallel.py",),
-            "is larger than the number of ",
+            "larger than the number of available GPUs",
             {"world_size": world, "gpu_count": sim.gpu_count},
+            "",
+        )
+        if not msg and not ray_installed():
+            # before 0.11.1 vLLM picks Ray by itself for a world above the node's GPUs,
+            # and without Ray installed says so
+            msg = sim.src.message(
+                ("config/parallel.py", "config/__init__.py", "config.py"),
+                "Unable to load Ray",
+                {"ray_import_err": "No module named 'ray'"},
+                "",
+            )
+        msg = msg or (
             "World size (%d) is larger than the number of available GPUs (%d) in this node."
-            % (world, sim.gpu_count),
+            % (world, sim.gpu_count)
         )
         config_error(
             sim,
