@@ -2,9 +2,11 @@
 
 The group is served as a unit (:mod:`fleet.serving.multinode` for who runs what):
 
-1. preflight on every node at once, one round trip each, with the checks only the nodes
-   can make (their address is their own, the ports the head opens are free, the other
-   nodes answer at the addresses they will use), the profile's ``requires_patch`` on each,
+1. preflight on every node at once, with the checks only the nodes can make (their
+   address is their own, the ports the head opens are free, the other nodes answer at the
+   addresses they will use) in one round trip, the profile's ``requires_patch`` on each in
+   a second (``fleet patch --check``'s engine and its own conversation with the patch
+   script: the files' sha256, their texts when no plan for them is kept),
    then the group's rules (same vLLM and patched files everywhere, GPUs x nodes = the
    parallel sizes, the backend this vLLM offers). One node refused refuses the group.
 2. launch under the supervisor on every node: mp, the workers (``--headless``) first and

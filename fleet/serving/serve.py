@@ -1,8 +1,8 @@
 """``fleet serve`` on one host: preflight, launch, follow the load, readiness.
 
 :func:`serve_host` takes a host from "vLLM installed" to "serving" or stops early with a
-diagnosis: preflight (one round trip, and the profile's ``requires_patch`` checked with
-``fleet patch --check``'s engine) refuses what can be known in seconds; the launch starts
+diagnosis: preflight (one round trip, and a second for the profile's ``requires_patch``,
+checked with ``fleet patch --check``'s engine) refuses what can be known in seconds; the launch starts
 vLLM under the chosen supervisor (:mod:`fleet.serving.supervisor`); the follower streams
 the log from byte 0 (one long-lived stream, resumed after a dropped connection) into the
 phase tracker and the diagnosis engine; a crash (the process exited, or a fatal line)
