@@ -215,6 +215,13 @@ def node_of(member: Member, group: Group, profile: Profile, offers: Offers, budg
 # -- the group's preflight (pure: every node's observations together) ----------------------
 
 
+def _field(profile: Profile, name: str) -> Any:
+    """A shared field of a rendered profile, or ``env NAME`` (one of its env entries)."""
+    if name.startswith("env "):
+        return profile.env.get(name[4:])
+    return getattr(profile, name, None)
+
+
 @dataclass
 class GroupCheck:
     diagnoses: dict[str, list[Diagnosis]] = field(default_factory=dict)  # by host
@@ -230,6 +237,9 @@ SHARED_FIELDS = (
     "master_port", "ray_port", "vllm_port_base", "node_interface", "served_model_name",
     "max_model_len", "trust_remote_code",
 )  # fmt: skip
+# the interface the nodes talk over, when the profile's env names it instead of
+# node_interface: the same on every node, like node_interface
+SHARED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
 
 def judge_group(
@@ -255,6 +265,7 @@ def judge_group(
         if mine is None:
             continue
         differ = [f for f in SHARED_FIELDS if getattr(mine, f) != getattr(profile, f)]
+        differ += [f"env {k}" for k in SHARED_ENV if mine.env.get(k) != profile.env.get(k)]
         spec = ("method", "num_speculative_tokens", "draft_tensor_parallel_size")
         if (mine.speculative is None) != (profile.speculative is None) or any(
             getattr(mine.speculative, f, None) != getattr(profile.speculative, f, None)
@@ -263,7 +274,7 @@ def judge_group(
             differ.append("speculative")  # the drafter's path may differ per host
         if differ:
             found(member.host.name, "node-mismatch",
-                  [f"{f}: {getattr(mine, f, None)!r} here, {getattr(profile, f, None)!r} on {head}"
+                  [f"{f}: {_field(mine, f)!r} here, {_field(profile, f)!r} on {head}"
                    for f in differ], what="profile " + ", ".join(differ), head=head)  # fmt: skip
     versions = {m.host.name: answers[m.host.name].vllm.version for m in group.members}
     if len(set(versions.values())) > 1:
@@ -342,6 +353,17 @@ def judge_group(
             found(name, "network-interface-wrong",
                   [f"no interface {iface} on {name} (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME)"],
                   what=f"{name} has no interface {iface}", node=name)  # fmt: skip
+    # VLLM_HOST_IP is each node's own (fleet sets it from node_address, over the env's)
+    for member in group.members:
+        mine = (profiles or {}).get(member.host.name) or (profile if member is group.head else None)
+        ip = mine.env.get("VLLM_HOST_IP") if mine is not None else None
+        if ip and ip != member.address:
+            found(member.host.name, "network-interface-wrong",
+                  [f"profile env VLLM_HOST_IP {ip} on {member.host.name}, its node address "
+                   f"{member.address}"],
+                  what=f"the profile's env sets VLLM_HOST_IP {ip} on {member.host.name}; fleet "
+                  f"gives each node its node_address ({member.address}): set the host "
+                  "variable node_address instead", node=member.host.name)  # fmt: skip
     addresses = [m.address for m in group.members]
     if len(set(addresses)) < len(addresses):
         found(head, "node-ip-duplicate", [f"node addresses {addresses}"],

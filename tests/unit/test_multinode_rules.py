@@ -174,3 +174,29 @@ def test_stopping_part_of_a_group_stops_the_rest_and_names_what_it_cannot() -> N
     old = {k: v for k, v in records["h2"].items() if k not in ("members", "group")}
     rest, warnings = rest_of_groups({"h2": report("h2", old)}, inventory)
     assert rest == [] and "worker 1 of 2" in warnings[0]
+
+
+def test_the_interface_env_must_agree_and_vllm_host_ip_is_each_node_s_own() -> None:
+    group = split_groups(HOSTS[:2], 2)[0]
+    answers = {"h1": answer(), "h2": answer()}
+    on_ib = PROFILE.model_copy(update={"env": {**PROFILE.env, "NCCL_SOCKET_IFNAME": "ib0"}})
+    on_eth = PROFILE.model_copy(update={"env": {**PROFILE.env, "NCCL_SOCKET_IFNAME": "eth0"}})
+    check = judge_group(on_ib, group, answers, None, {"h1": on_ib, "h2": on_eth})
+    (mismatch,) = check.diagnoses["h2"]
+    assert mismatch.id == "node-mismatch", mismatch
+    assert mismatch.evidence[0].text.endswith("env NCCL_SOCKET_IFNAME: 'eth0' here, 'ib0' on h1")
+    assert judge_group(on_ib, group, answers, None, {"h1": on_ib, "h2": on_ib}).diagnoses == {}
+    # one VLLM_HOST_IP for every node (a static env entry): not a node's own address
+    pinned = PROFILE.model_copy(update={"env": {**PROFILE.env, "VLLM_HOST_IP": "10.0.0.1"}})
+    found = ids(judge_group(pinned, group, answers, None, {"h1": pinned, "h2": pinned}))
+    assert found == {"h2": ["network-interface-wrong"]}, found
+
+
+def test_a_node_without_the_profile_s_interface_is_refused() -> None:
+    group = split_groups(HOSTS[:2], 2)[0]
+    on_ib = PROFILE.model_copy(update={"node_interface": "ib0"})
+    answers = {"h1": answer(interface={"name": "ib0", "exists": True}),
+               "h2": answer(interface={"name": "ib0", "exists": False})}  # fmt: skip
+    check = judge_group(on_ib, group, answers)
+    assert ids(check) == {"h2": ["network-interface-wrong"]}
+    assert "no interface ib0 on h2" in check.diagnoses["h2"][0].evidence[0].text
