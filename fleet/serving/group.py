@@ -60,6 +60,7 @@ from fleet.serving.serve import (
     ServeOptions,
     ServeResult,
     endpoint,
+    load_ended,
     required_patch_set,
 )
 from fleet.serving.supervisor import choose
@@ -443,13 +444,9 @@ class _GroupServe:
                      "reconnects": follower.stats.reconnects, "lines": 0}  # fmt: skip
             run.result.follow.setdefault("programs", []).append(entry)
         if failing is None and self.head.result.outcome in ("stalled", "timeout"):
-            what = self.head.result.outcome
-            rule = "load-stalled" if what == "stalled" else "load-timeout"
-            found = diagnosis(rule, host=self.head.name, seen_by="follow",
-                              evidence=[f"{what} in phase {tracker.phase}"],
-                              phase=tracker.phase, idle_s=f"{stall:.0f}",
-                              timeout_s=f"{self.budget:.0f}")  # fmt: skip
-            self.all_results(diagnoses=[found], message=f"{what} in {tracker.phase}")
+            found, message = load_ended(self.head.result.outcome, self.head.name, tracker.phase,
+                                        stall_s=stall, budget_s=self.budget)  # fmt: skip
+            self.all_results(diagnoses=[found], message=message)
             self.stop_all()
         return failing
 

@@ -2,14 +2,14 @@
 
 :func:`serve_host` takes a host from "vLLM installed" to "serving" or stops early with a
 diagnosis: preflight (one round trip, and a second for the profile's ``requires_patch``,
-checked with ``fleet patch --check``'s engine) refuses what can be known in seconds; the launch starts
-vLLM under the chosen supervisor (:mod:`fleet.serving.supervisor`); the follower streams
-the log from byte 0 (one long-lived stream, resumed after a dropped connection) into the
-phase tracker and the diagnosis engine; a crash (the process exited, or a fatal line)
-ends the follow at once and the log is diagnosed; no new bytes for the stall budget is
-``stalled``, the load budget ``timeout``; ``Application startup complete.`` starts the
-readiness checks through the SSH connection. Every step is reported to ``events`` (the
-live display, ``--events``).
+checked with ``fleet patch --check``'s engine) refuses what can be known in seconds; the
+launch starts vLLM under the chosen supervisor (:mod:`fleet.serving.supervisor`); the
+follower streams the log from byte 0 (one long-lived stream, resumed after a dropped
+connection) into the phase tracker and the diagnosis engine; a crash (the process
+exited, or a fatal line) ends the follow at once and the log is diagnosed; no new bytes
+for the stall budget is ``stalled``, the load budget ``timeout``; ``Application startup
+complete.`` starts the readiness checks through the SSH connection. Every step is
+reported to ``events`` (the live display, ``--events``).
 
 One owner of the host's connection for the whole serve: a
 :class:`~fleet.transport.link.HostLink`. Every step asks it for the live connection and
@@ -160,6 +160,23 @@ def required_patch_set(profile: Profile) -> PatchSet | None:
         return load_patch_set(profile.requires_patch)
     except UsageError as exc:
         raise ProfileError(f"{profile.name}: requires_patch: {exc.message}") from None
+
+
+def load_ended(
+    what: str, host: str, phase: str, *, stall_s: float, budget_s: float
+) -> tuple[Diagnosis, str]:
+    """The diagnosis and the message of a load that stalled (``what``: ``stalled``, no new
+    output for ``stall_s``) or ran out of its budget (``timeout``): one host's, or a
+    group's, seen on its head (:mod:`fleet.serving.group`)."""
+    if what == "stalled":
+        found = diagnosis("load-stalled", host=host, seen_by="follow",
+                          evidence=[f"no new output for {stall_s:.0f}s in phase {phase}"],
+                          idle_s=f"{stall_s:.0f}", phase=phase)  # fmt: skip
+        return found, f"stalled in {phase}: no output for {stall_s:.0f}s"
+    found = diagnosis("load-timeout", host=host, seen_by="follow",
+                      evidence=[f"not ready after {budget_s:.0f}s (phase {phase})"],
+                      timeout_s=f"{budget_s:.0f}", phase=phase)  # fmt: skip
+    return found, f"not ready within {budget_s:.0f}s (phase {phase})"
 
 
 def serve_host(
@@ -464,28 +481,11 @@ class _Serve:
             return
         if follower.exited or fatal is not None:
             self.crashed(launch, tracker.phase, fatal)
-        elif result.outcome == "stalled":
-            result.diagnoses = [
-                diagnosis(
-                    "load-stalled", host=self.host.name,
-                    evidence=[f"no new output for {stall:.0f}s in phase {tracker.phase}"],
-                    seen_by="follow",
-                    idle_s=f"{stall:.0f}", phase=tracker.phase,
-                )
-            ]  # fmt: skip
-            result.message = f"stalled in {tracker.phase}: no output for {stall:.0f}s"
-            self.emit("stall", phase=tracker.phase)
-        elif result.outcome == "timeout":
-            result.diagnoses = [
-                diagnosis(
-                    "load-timeout", host=self.host.name,
-                    evidence=[f"not ready after {budget:.0f}s (phase {tracker.phase})"],
-                    seen_by="follow",
-                    timeout_s=f"{budget:.0f}", phase=tracker.phase,
-                )
-            ]  # fmt: skip
-            result.message = f"not ready within {budget:.0f}s (phase {tracker.phase})"
-            self.emit("timeout", phase=tracker.phase)
+        elif result.outcome in ("stalled", "timeout"):
+            ended, result.message = load_ended(result.outcome, self.host.name, tracker.phase,
+                                               stall_s=stall, budget_s=budget)  # fmt: skip
+            result.diagnoses = [ended]
+            self.emit("stall" if result.outcome == "stalled" else "timeout", phase=tracker.phase)
 
     def crashed(self, launch: host_calls.LaunchAnswer, phase: str, fatal: Diagnosis | None) -> None:
         """The process exited or printed a fatal line: what the log and the supervisor

@@ -204,3 +204,14 @@ def test_a_percent_in_a_served_name_is_literal_in_the_unit() -> None:
     unit = units.systemd_unit(profile, LAYOUT, user_unit=False)
     (line,) = [x for x in unit.splitlines() if x.startswith("Description=")]
     assert line == "Description=fleet serve kimi-eagle3 (vLLM, k%%n-100%%)"
+
+
+def test_a_stalled_or_timed_out_load_is_one_diagnosis_for_a_host_or_a_group() -> None:
+    """serve.load_ended: the one home of both, for one host and for a group's head."""
+    from fleet.serving.serve import load_ended
+
+    found, message = load_ended("stalled", "h1", "weights", stall_s=300, budget_s=3600)
+    assert found.id == "load-stalled" and message == "stalled in weights: no output for 300s"
+    assert found.evidence[0].text.endswith("no new output for 300s in phase weights")
+    found, message = load_ended("timeout", "h1", "kv-cache", stall_s=300, budget_s=3600)
+    assert found.id == "load-timeout" and message == "not ready within 3600s (phase kv-cache)"
