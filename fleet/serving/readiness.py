@@ -52,6 +52,16 @@ class _Tunnelled(http.client.HTTPConnection):
     def connect(self) -> None:
         self.sock = self._given
 
+    def close(self) -> None:
+        """Forget the channel without closing it: ``getresponse`` calls this as soon as
+        the headers say the server will close (``Connection: close``), while the body may
+        still be on its way. A socket's makefile keeps its file open past that close; a
+        paramiko channel does not, and uvicorn sends the body after the headers, so the
+        body was lost (``IncompleteRead``, found on the real vLLM). :func:`request`
+        closes the channel once the answer is read."""
+        self.sock = None
+        super().close()
+
 
 @dataclass
 class HttpAnswer:

@@ -28,6 +28,7 @@ SIM_TEXT = (
     "speculative decoding moves faster than plain decoding on eight GPUs"
 )
 SIM_WORDS = tuple(SIM_TEXT.split(" "))
+SIM_BODY_GAP_S = 0.02  # between an answer's head and its body (see Handler._send)
 
 
 def sim_bind(host: str, port: int) -> socket.socket:
@@ -327,8 +328,15 @@ def sim_handler(app: SimApp) -> Any:
             self.send_response(status)
             self.send_header("content-type", ctype)
             self.send_header("content-length", str(len(body)))
+            if self.close_connection:
+                self.send_header("connection", "close")
             self.end_headers()
-            if self.command != "HEAD":
+            if self.command != "HEAD" and body:
+                # uvicorn writes the head and the body as two writes (h11: the response
+                # start, then its body): a client that drops the connection once the head
+                # says "close" loses the body (fleet's tunnel did, on the real vLLM)
+                self.wfile.flush()
+                time.sleep(SIM_BODY_GAP_S)
                 self.wfile.write(body)
             self._log_access(status)
 
