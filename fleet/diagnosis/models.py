@@ -62,6 +62,7 @@ TAXONOMY: tuple[str, ...] = (
     "trust-remote-code-required",
     "chat-template-missing",
     "hf-auth-failed",
+    "model-not-found",
     "checkpoint-corrupt",
     "checkpoint-weight-mismatch",
     "disk-full",

@@ -176,9 +176,8 @@ def _model_files(seen: Seen, key: str, entry: ModelDir, path: str) -> list[Diagn
         seen.notes.append(f"{key} {path} is a hub id: vLLM downloads it (not checked here)")
         return []
     if not entry.exists:
-        what = f"the {key} directory {path} does not exist"
-        return [seen.found("checkpoint-corrupt", [f"{key} directory {path} does not exist"],
-                           detail=what)]  # fmt: skip
+        return [seen.found("model-not-found", [f"{key} directory {path} does not exist"],
+                           model=path)]  # fmt: skip
     problem = entry.config.problem()
     if problem is not None:
         return [seen.found("checkpoint-corrupt", [f"{path}/config.json: {problem}"],

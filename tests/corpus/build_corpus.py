@@ -1077,6 +1077,25 @@ SCENARIOS: list[Scenario] = [
         shapes=("v1", "plain", "interleaved", "truncated"),
     ),
     Scenario(
+        "missing-model-dir",
+        "model-not-found",
+        "huggingface_hub validate_repo_id via vllm/transformers_utils/repo_utils.py get_model_path (0.10.2-0.33.0, HF_HUB_OFFLINE)",
+        exc=[
+            "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': '/models/Kimi-K2.5'. Use `repo_type` argument if needed."
+        ],
+        frames=[
+            F(
+                "vllm/transformers_utils/repo_utils.py",
+                220,
+                "get_model_path",
+                "return snapshot_download(repo_id=model, **common_kwargs)",
+            )
+        ],
+        where="api",
+        wrapper=False,
+        shapes=("v1", "plain", "truncated"),
+    ),
+    Scenario(
         "no-weights",
         "checkpoint-corrupt",
         "vllm/model_executor/model_loader/default_loader.py (0.10.2-0.33.0)",

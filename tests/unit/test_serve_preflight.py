@@ -90,7 +90,7 @@ def with_(path: str, value: Any) -> dict[str, Any]:
         ("drafter|config|value|eagle_config|eagle_aux_hidden_state_layer_ids", [2, 30, 61], "drafter-incompatible"),
         ("vllm|knows|LlamaForCausalLMEagle3", False, "drafter-incompatible"),
         ("target|weights|missing", ["a.safetensors"], "checkpoint-corrupt"),
-        ("drafter|exists", False, "checkpoint-corrupt"),
+        ("drafter|exists", False, "model-not-found"),
         ("port", {"free": False, "error": "Address already in use", "holder": "vllm (pid 7)"}, "port-in-use"),
         ("disk|home|free", 10**8, "disk-full"),
     ],
