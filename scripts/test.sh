@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: format, lint, types, unit tests, and integration tests against real
 # sshd sandbox hosts started by the tests themselves, then the docker stage (the tests
-# marked `docker` on docker-sshd hosts: scripts/test-docker.sh). Installs what it needs first.
+# marked `docker` on docker-sshd hosts: scripts/test-docker.sh), then the real-engine stage
+# (the tests marked `real` against vLLM's CPU build: scripts/test-real.sh). Installs what
+# it needs first.
 #   scripts/test.sh                  everything
 #   scripts/test.sh --fast           the fast lane: no sshd hosts (pytest -m "not integration")
 #   scripts/test.sh tests/unit -k x  extra arguments go to pytest
@@ -44,6 +46,12 @@ if [ "${FLEET_SANDBOX_BACKEND:-local}" = docker ]; then
 fi
 docker_rc=0
 scripts/test-docker.sh || docker_rc=$?
-echo "== scripts/test.sh: pytest exit $rc, docker stage exit $docker_rc"
+# The real-engine stage (scripts/test-real.sh): the tests marked `real` against vLLM's CPU
+# build on sandbox hosts (its packages cached after the first run; skipped with pip's
+# reason where they cannot be had).
+real_rc=0
+scripts/test-real.sh || real_rc=$?
+echo "== scripts/test.sh: pytest exit $rc, docker stage exit $docker_rc, real-engine stage exit $real_rc"
 [ "$rc" != 0 ] && exit "$rc"
-exit "$docker_rc"
+[ "$docker_rc" != 0 ] && exit "$docker_rc"
+exit "$real_rc"

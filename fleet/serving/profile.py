@@ -157,6 +157,20 @@ class Profile(_Model):
                 raise ValueError(f"{key}: a value may not hold a NUL or a newline")
         return value
 
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _extra_words(cls, value: Any) -> Any:
+        """A string is split as a shell splits a command line (so one inventory variable
+        can carry several arguments: ``extra_args: "{{ vllm_extra_args | default('') }}"``)."""
+        if isinstance(value, str):
+            from fleet.transport.shell import words
+
+            try:
+                return words(value)
+            except ValueError as exc:
+                raise ValueError(f"cannot split {value!r} into arguments: {exc}") from None
+        return value
+
     @field_validator("extra_args")
     @classmethod
     def _extra(cls, value: list[str]) -> list[str]:

@@ -150,8 +150,9 @@ def drain_args(profile: Profile, observed: PreflightAnswer) -> tuple[str, ...]:
 
 
 def required_patch_set(profile: Profile) -> PatchSet | None:
-    """The patch set the profile's ``requires_patch`` names (an unknown one: exit 2)."""
-    if not profile.requires_patch:
+    """The patch set the profile's ``requires_patch`` names (an unknown one: exit 2). A
+    profile served without its drafter needs none: the patch set is EAGLE-3's."""
+    if not profile.requires_patch or profile.speculative is None:
         return None
     from fleet.errors import UsageError
     from fleet.patching.manifest import load_patch_set

@@ -229,6 +229,15 @@ def script_file(lines: Sequence[Fragment | Raw]) -> str:
     return "#!/bin/sh\n" + "\n".join(lines) + "\n"
 
 
+def words(text: str) -> list[str]:
+    """A command line split into its words as a POSIX shell splits it (quotes honoured,
+    nothing expanded): how a profile's ``extra_args`` given as one string is read. A line
+    a shell could not split (an unclosed quote) raises ``ValueError``."""
+    import shlex
+
+    return shlex.split(text)
+
+
 def masked(command: str) -> str:
     """The command as it may be logged: API keys and tokens hidden."""
     from fleet.redact import redact_text

@@ -254,6 +254,9 @@ def test_every_module_that_logs_has_its_own_logger() -> None:
     for path, tree in _py_files():
         if "onhost" in path.parts and path.stem != "client":
             continue  # runs on a host: answers, never logs
+        if "in_env" in path.parts:
+            continue  # run by the real vLLM's python on sandbox hosts: logs through vLLM's
+            # own logger tree ("vllm.sandbox_testonly"), where vLLM's log shows it
         if _logs(tree) and "log = logging.getLogger(__name__)" not in path.read_text():
             missing.append(str(path.relative_to(ROOT)))
     assert missing == []

@@ -16,7 +16,7 @@ from fleet.sandbox import model
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sandbox"
 
 
-def _state(versions: list[str], backend: model.Backend = "local") -> model.SandboxState:
+def _state(versions: list[str], backend: model.SandboxBackend = "local") -> model.SandboxState:
     hosts = [
         model.SandboxHost(
             name=name,
