@@ -184,6 +184,14 @@ class BenchReport:
                 "target keeps, so speculative decoding only costs time here (check the "
                 "drafter matches the target and its aux layers)"
             )
+        gain = self.speedup.get("output_throughput")
+        if gain is not None and gain < 1.0:
+            out.append(
+                f"with the drafter the server is slower here ({gain:.2f}x output tokens/s): "
+                "drafting costs more than the accepted tokens save (a small target, a busy "
+                "or CPU host, a high concurrency); speculative decoding pays off where the "
+                "target's step is expensive and the batch small"
+            )
         if self.spec.dataset == "random":
             out.append(
                 "random prompts: acceptance on random words is not acceptance on your traffic "

@@ -145,6 +145,7 @@ def test_the_speedup_and_what_it_warns_about() -> None:
         _side("baseline", 20.0, 120.0, _spec(2.0), failed=3), "host",
     )  # fmt: skip
     warnings = " | ".join(useless.warnings)
+    assert "slower here (0.92x output tokens/s)" in warnings
     assert "mean acceptance length 1.02" in warnings
     assert "random prompts" not in warnings
     assert "runs a drafter too" in warnings
