@@ -26,11 +26,11 @@ read from the published files are from docs/research/vllm-serve.md §5 ([verify 
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 from typing import Any
 
+from fleet.localfiles import atomic_write
 from fleet.sandbox.model import MODELS_DIR
 
 TARGET = "Kimi-K2.5"
@@ -291,11 +291,8 @@ def safetensors_header(tensors: dict[str, tuple[str, list[int]]]) -> bytes:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Through a temporary file and a rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Never half-written (fleet.localfiles.atomic_write)."""
+    atomic_write(path, text, mode=0o644, dir_mode=0o755)
 
 
 def _write_json(path: Path, doc: Any) -> None:
@@ -367,9 +364,8 @@ def _target(
 def _drafter(directory: Path, config: dict[str, Any], target_hidden: int) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     _write_json(directory / "config.json", config)
-    tmp = directory / ".model.safetensors.tmp"
-    tmp.write_bytes(safetensors_header(drafter_tensors(config, target_hidden)))
-    tmp.replace(directory / "model.safetensors")
+    header = safetensors_header(drafter_tensors(config, target_hidden))
+    atomic_write(directory / "model.safetensors", header, mode=0o644)
 
 
 def build_models(home: Path) -> Path:

@@ -15,7 +15,6 @@ class, so the hosts tests talk to are exactly the hosts the demo shows.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import pwd
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleet.errors import OperationFailed, UsageError
+from fleet.localfiles import locked
 from fleet.sandbox import model
 from fleet.sandbox.local import LocalBackend, reserved_ports, write_text_atomic
 from fleet.transport.runner import Result
@@ -111,13 +111,9 @@ class HostStatus:
 
 @contextlib.contextmanager
 def _dir_lock(root: Path) -> Iterator[None]:
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """The sandbox directory's lock (``up``/``down`` one at a time)."""
+    with locked(root / ".lock"):
+        yield
 
 
 def resolve_dir(directory: str | os.PathLike[str] | None) -> Path:

@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from fleet.errors import OperationFailed, UsageError
+from fleet.localfiles import locked
 from fleet.sandbox import model
 from fleet.sandbox.local import free_port, generate_keypair, write_text_atomic
 from fleet.transport import shell
-from fleet.wheels import locked
 
 IMAGE = "fleet-sandbox-host"
 BASE_IMAGE = "fleet-sandbox-base:bookworm"

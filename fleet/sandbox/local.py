@@ -19,7 +19,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import venv
 from collections.abc import Iterator, Sequence
@@ -28,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from fleet.errors import OperationFailed
+from fleet.localfiles import atomic_write
 from fleet.sandbox import model
 from fleet.sandbox.procs import ProcessRecord, descendants, environ_of, stop_tree
 from fleet.transport import shell
@@ -100,34 +100,15 @@ def generate_keypair(path: Path, comment: str) -> str:
         .decode()
         + f" {comment}"
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(private)
-    os.replace(tmp, path)
+    atomic_write(path, private, mode=0o600, dir_mode=0o755)
     write_text_atomic(path.with_name(path.name + ".pub"), public + "\n", mode=0o644)
     return public
 
 
 def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: never half-written.
-
-    (No fsync: these are rehearsal files; readers must never see a partial file, but
-    surviving a power cut is not needed.)
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """``text`` into ``path``, never half-written (fleet.localfiles.atomic_write; no
+    fsync: these are rehearsal files)."""
+    atomic_write(path, text, mode=mode, dir_mode=0o755)
 
 
 @contextmanager

@@ -11,7 +11,6 @@ launcher run by the host's own python. Where Ray cannot be installed (no package
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import sysconfig
@@ -19,8 +18,9 @@ import venv
 from pathlib import Path
 
 from fleet.errors import OperationFailed
+from fleet.localfiles import atomic_write, locked
 from fleet.paths import cache_dir
-from fleet.wheels import locked, pip_error
+from fleet.wheels import pip_error
 
 RAY = "ray==2.60.0"
 PTH = "fleet-sandbox-ray.pth"
@@ -51,11 +51,7 @@ def ray_site() -> Path:
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
+    atomic_write(path, text, mode=mode, dir_mode=0o755)
 
 
 def install_ray(env: Path, python: str) -> None:

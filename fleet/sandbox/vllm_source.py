@@ -19,8 +19,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from fleet.localfiles import locked
 from fleet.paths import cache_dir
-from fleet.wheels import locked, wheel
+from fleet.wheels import wheel
 
 
 def wheel_path(version: str) -> Path:

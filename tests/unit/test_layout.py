@@ -492,17 +492,11 @@ LOCAL_FILE_EXCEPTIONS = {
     # known_hosts is locked and appended to in place, as OpenSSH writes it (not a lock file)
     ("transport/hostkeys.py", "import fcntl"),
     ("transport/hostkeys.py", "fcntl.flock"),
-}
-# the sandbox's own writers and lock, still to move to fleet.localfiles (issue 20)
-LOCAL_FILE_PENDING = {
-    ("sandbox/core.py", "import fcntl"),
-    ("sandbox/core.py", "fcntl.flock"),
-    ("sandbox/ray_env.py", "os.replace"),
-    ("sandbox/local.py", "os.replace"),
-    ("sandbox/checkpoints.py", "os.replace"),
-    ("sandbox/checkpoints.py", ".replace()"),
+    # a whole unpacked tree, built beside its place and renamed into it (a directory)
     ("sandbox/vllm_source.py", "os.replace"),
 }
+# the sandbox's own writers and lock, still to move to fleet.localfiles (issue 20)
+LOCAL_FILE_PENDING: set[tuple[str, str]] = set()
 
 
 def onhost_file_writers(root: Path) -> list[str]:

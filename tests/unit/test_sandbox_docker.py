@@ -56,6 +56,8 @@ def test_staged_context_holds_everything_the_dockerfile_copies(tmp_path: Path) -
     assert vllm.read_text().startswith(f"#!{docker.PYTHON}\n") and vllm.stat().st_mode & 0o111
     models = context / "overlay" / "root" / "models"
     assert sorted(p.name for p in models.iterdir()) == [
+        "DeepSeek-V3",
+        "DeepSeek-V3-eagle3",
         "Kimi-K2-Instruct",
         "Kimi-K2.5",
         "Kimi-K25-eagle3",
