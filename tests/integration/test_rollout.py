@@ -194,20 +194,18 @@ def test_a_fault_on_the_third_host_halts_with_the_fourth_still_serving_then_resu
     assert doc["plan"]["hosts"][fourth]["action"] == "roll"
 
 
-def test_the_drain_waits_for_the_requests_in_flight(
-    box: Sandbox, serving: list[str], v2: Path
-) -> None:
-    host = serving[0]
-    box.set_sim(host, step_ms=100.0)  # an 80-token completion takes about 8 s
-    code, doc, err = fleet(box, None, "serve", PROFILE, "--host", host, "--restart")
-    assert code == 0, (doc, err)
+def request_in_flight(
+    box: Sandbox, host: str, *, tokens: int
+) -> tuple[threading.Thread, dict[str, Any]]:
+    """A completion of ``tokens`` tokens sent to the host's server from a thread (started);
+    its status and answer land in the dict once it is done."""
     key = box.secrets_path.read_text().strip().split("=", 1)[1]
     port = int(box.host(host).vllm_port or 0)
     answer: dict[str, Any] = {}
 
     def request() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        body = json.dumps({"model": "kimi-k2.5", "prompt": "hello", "max_tokens": 80})
+        body = json.dumps({"model": "kimi-k2.5", "prompt": "hello", "max_tokens": tokens})
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
         conn.request("POST", "/v1/completions", body, headers)
         response = conn.getresponse()
@@ -217,6 +215,17 @@ def test_the_drain_waits_for_the_requests_in_flight(
 
     client = threading.Thread(target=request)
     client.start()
+    return client, answer
+
+
+def test_the_drain_waits_for_the_requests_in_flight(
+    box: Sandbox, serving: list[str], v2: Path
+) -> None:
+    host = serving[0]
+    box.set_sim(host, step_ms=100.0)  # an 80-token completion takes about 8 s
+    code, doc, err = fleet(box, None, "serve", PROFILE, "--host", host, "--restart")
+    assert code == 0, (doc, err)
+    client, answer = request_in_flight(box, host, tokens=80)
     time.sleep(0.5)  # the request is in the engine
     code, doc, err = fleet(box, v2, "rollout", PROFILE, "--host", host)
     client.join(timeout=60)
@@ -236,22 +245,7 @@ def test_a_stop_on_vllm_0_18_drains_the_request_in_flight(sandbox_factory: Any) 
     box.set_sim(host, step_ms=200.0)  # 80 tokens, ~29 steps of 2.8 tokens: about 6 s
     code, doc, err = fleet(box, None, "serve", PROFILE, "--host", host)
     assert code == 0, (doc, err)
-    key = box.secrets_path.read_text().strip().split("=", 1)[1]
-    port = int(box.host(host).vllm_port or 0)
-    answer: dict[str, Any] = {}
-
-    def request() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        body = json.dumps({"model": "kimi-k2.5", "prompt": "hello", "max_tokens": 80})
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
-        conn.request("POST", "/v1/completions", body, headers)
-        response = conn.getresponse()
-        answer["status"] = response.status
-        answer["doc"] = json.loads(response.read())
-        conn.close()
-
-    client = threading.Thread(target=request)
-    client.start()
+    client, answer = request_in_flight(box, host, tokens=80)
     time.sleep(0.5)
     code, doc, err = fleet(box, None, "stop", PROFILE, "--host", host)
     client.join(timeout=60)
