@@ -293,6 +293,8 @@ def find_string(package_dir: str, rel: str, needle: str) -> Optional[Dict[str, A
                     "text": text,
                     "source": src.text,
                     "func": src.enclosing(node.lineno),
+                    "package_dir": package_dir,
+                    "file": src,
                 }
     return best
 
@@ -307,28 +309,89 @@ def _identifiers(node: ast.expr) -> List[str]:
     return names
 
 
-def render_string(found: Dict[str, Any], values: Dict[str, Any]) -> str:
-    """Fill an f-string found by :func:`find_string` with `values`.
+_ARITHMETIC = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.FloorDiv: lambda a, b: a // b,
+}
 
-    Each replacement field is replaced by the value of the most specific identifier it
-    uses (its last attribute or name that `values` knows, e.g. ``max_model_len`` for
-    ``{self.model_config.max_model_len}``), formatted with the field's conversion and
-    format spec; a field nothing is known for prints its source text."""
-    node = found["node"]
+
+def _imported_function(package_dir: str, src: Any, name: str) -> Optional[Any]:
+    """The `def name` that `src` imports with `from vllm.x.y import name` (or defines),
+    if its body is one `return` (after a docstring): vLLM's small formatting helpers,
+    e.g. utils/mem_utils.py `format_gib(b)`: `return f"{round(b / GiB_bytes, 2)}"`."""
+    fn = src.function(name) if src is not None else None
+    if fn is None and src is not None:
+        for node in ast.walk(src.tree):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("vllm.")
+                and any(alias.name == name and alias.asname is None for alias in node.names)
+            ):
+                rel = "/".join(str(node.module).split(".")[1:])
+                other = source_file(package_dir, rel + ".py") or source_file(
+                    package_dir, rel + "/__init__.py"
+                )
+                fn = other.function(name) if other is not None else None
+                break
+    if not isinstance(fn, ast.FunctionDef):
+        return None
+    body = list(fn.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return None
+    return fn
+
+
+def _evaluate(node: ast.expr, values: Dict[str, Any], found: Dict[str, Any], depth: int = 0) -> Any:
+    """The value of a replacement field's expression from `values` (a name or an
+    attribute by its last part, numbers, arithmetic, `round()`, an f-string, a one-line
+    helper vLLM imports): raises KeyError when something in it is not known."""
     if isinstance(node, ast.Constant):
-        return str(node.value)
-    pieces: List[ast.expr] = []
+        return node.value
+    if isinstance(node, ast.Name):
+        return values[node.id]
+    if isinstance(node, ast.Attribute):
+        return values[node.attr]
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        left = _evaluate(node.left, values, found, depth)
+        right = _evaluate(node.right, values, found, depth)
+        if not all(isinstance(v, (int, float)) for v in (left, right)):
+            raise KeyError("not a number")
+        try:
+            return _ARITHMETIC[type(node.op)](left, right)
+        except ZeroDivisionError:
+            raise KeyError("division by zero") from None
+    if isinstance(node, ast.JoinedStr):
+        return _render_pieces(node.values, values, found, depth, raise_unknown=True)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+        args = [_evaluate(a, values, found, depth) for a in node.args]
+        if node.func.id == "round" and 1 <= len(args) <= 2:
+            return round(*args)
+        fn = None
+        if depth < 2:
+            fn = _imported_function(
+                str(found.get("package_dir") or ""), found.get("file"), node.func.id
+            )
+        ret = fn.body[-1] if fn is not None else None
+        if fn is not None and isinstance(ret, ast.Return) and len(fn.args.args) == len(args):
+            bound = dict(values)
+            bound.update({p.arg: a for p, a in zip(fn.args.args, args)})
+            assert ret.value is not None
+            return _evaluate(ret.value, bound, found, depth + 1)
+    raise KeyError(type(node).__name__)
 
-    def flatten(n: ast.expr) -> None:
-        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
-            flatten(n.left)
-            flatten(n.right)
-        elif isinstance(n, ast.JoinedStr):
-            pieces.extend(n.values)
-        else:
-            pieces.append(n)
 
-    flatten(node)
+def _render_pieces(
+    pieces: List[ast.expr],
+    values: Dict[str, Any],
+    found: Dict[str, Any],
+    depth: int,
+    raise_unknown: bool,
+) -> str:
     out: List[str] = []
     for piece in pieces:
         if isinstance(piece, ast.Constant):
@@ -339,11 +402,16 @@ def render_string(found: Dict[str, Any], values: Dict[str, Any]) -> str:
             continue
         value: Any = None
         known = False
-        idents = _identifiers(piece.value)
-        for ident in reversed(idents):
-            if ident in values:
-                value, known = values[ident], True
-                break
+        try:
+            value, known = _evaluate(piece.value, values, found, depth), True
+        except (KeyError, TypeError, ValueError):
+            if raise_unknown:
+                raise
+            idents = _identifiers(piece.value)
+            for ident in reversed(idents):
+                if ident in values:
+                    value, known = values[ident], True
+                    break
         if not known:
             segment = ast.get_source_segment(found["source"], piece.value) or "?"
             out.append("{" + segment + "}")
@@ -362,6 +430,33 @@ def render_string(found: Dict[str, Any], values: Dict[str, Any]) -> str:
         except (TypeError, ValueError):
             out.append(str(value))
     return "".join(out)
+
+
+def render_string(found: Dict[str, Any], values: Dict[str, Any]) -> str:
+    """Fill an f-string found by :func:`find_string` with `values`.
+
+    Each replacement field is evaluated from `values` (names and attributes by their last
+    part, arithmetic, `round()`, the one-line helpers vLLM formats with, such as
+    `format_gib`); otherwise it is replaced by the value of the most specific identifier
+    it uses (its last attribute or name that `values` knows, e.g. ``max_model_len`` for
+    ``{self.model_config.max_model_len}``). Then the field's conversion and format spec
+    apply; a field nothing is known for prints its source text."""
+    node = found["node"]
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    pieces: List[ast.expr] = []
+
+    def flatten(n: ast.expr) -> None:
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+            flatten(n.left)
+            flatten(n.right)
+        elif isinstance(n, ast.JoinedStr):
+            pieces.extend(n.values)
+        else:
+            pieces.append(n)
+
+    flatten(node)
+    return _render_pieces(pieces, values, found, 0, raise_unknown=False)
 
 
 def string_constant(package_dir: str, rel: str, name: str) -> Optional[str]:
@@ -616,10 +711,74 @@ def find_raise(
                     "line": node.lineno,
                     "text": src.line(node.lineno),
                     "exc": dotted_name(exc) or "Exception",
-                    "message": {"node": sub, "source": src.text, "line": node.lineno},
+                    "message": {
+                        "node": sub,
+                        "source": src.text,
+                        "line": node.lineno,
+                        "package_dir": package_dir,
+                        "file": src,
+                    },
                     "func": qual.rsplit(".", 1)[-1],
                 }
     return None
+
+
+def find_assert(package_dir: str, rel: str, func: str, needle: str) -> Optional[Dict[str, Any]]:
+    """The first check of function `func` in `rel` whose condition's source contains
+    `needle`: an `assert` statement, or a call `torch._assert(condition, "message")`:
+    {"line" (the statement's or the call's first line), "raw" (that source line),
+    "func" (the short name), "message" (the literal message or None), "call" (True for
+    torch._assert)}."""
+    src = source_file(package_dir, rel)
+    if src is None or not _may_contain(src.text, needle):
+        return None
+    for qual, fn in src.functions:
+        if not _func_matches(qual, func):
+            continue
+        for node in ast.walk(fn):
+            test: Optional[ast.expr] = None
+            msg: Optional[ast.expr] = None
+            call = False
+            if isinstance(node, ast.Assert):
+                test, msg = node.test, node.msg
+            elif (
+                isinstance(node, ast.Call)
+                and dotted_name(node.func) in ("torch._assert", "_assert")
+                and node.args
+            ):
+                test = node.args[0]
+                msg = node.args[1] if len(node.args) > 1 else None
+                call = True
+            if test is None or needle not in src.segment(test):
+                continue
+            line = int(getattr(node, "lineno", 0))
+            return {
+                "line": line,
+                "raw": src.line(line),
+                "func": qual.rsplit(".", 1)[-1],
+                "message": literal_text(msg) if msg is not None else None,
+                "call": call,
+            }
+    return None
+
+
+def supported_modalities(package_dir: str, rel: str) -> Optional[List[str]]:
+    """The modalities `get_supported_mm_limits` returns in model file `rel` (the keys of
+    its `return {"image": None, ...}`), or None."""
+    src = source_file(package_dir, rel)
+    if src is None:
+        return None
+    out: List[str] = []
+    for qual, fn in src.functions:
+        if not _func_matches(qual, "get_supported_mm_limits"):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Return) and isinstance(node.value, ast.Dict):
+                for key in node.value.keys:
+                    text = literal_text(key)
+                    if text is not None and text not in out:
+                        out.append(text)
+    return out or None
 
 
 def metric_definitions(package_dir: str, rel: str) -> List[Dict[str, Any]]:

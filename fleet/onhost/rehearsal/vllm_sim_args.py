@@ -38,6 +38,7 @@ SIM_TYPED = {
     "max_num_batched_tokens": "int",
     "gpu_memory_utilization": "float",
     "speculative_config": "json",
+    "limit_mm_per_prompt": "json",
     "served_model_name": "list",
     "seed": "int",
     "shutdown_timeout": "int",

@@ -7,21 +7,30 @@
 # prints it): a model directory vLLM cannot read, remote code not trusted, a model type
 # Transformers does not know, an architecture the registry lacks, max_model_len above the
 # model's, a world size larger than the GPUs, a speculative config with unknown keys or no
-# num_speculative_tokens, EAGLE-3 for a model type outside the installed allowlist. Then
-# what the decided configuration weighs (the weights per GPU, MLA) and the engine's
-# config line.
+# num_speculative_tokens, EAGLE-3 for a model type outside the installed allowlist. Before
+# them, EngineArgs.__post_init__: with HF_HUB_OFFLINE set, a model path that does not
+# exist is taken for a hub repo id (huggingface_hub's error). Then what the decided
+# configuration weighs (the weights per GPU, MLA) and the engine's config line.
 import os
 import re
+from typing import Dict, List, Tuple
 
-from fleet.onhost.rehearsal.source_mining import config_registry, registry_architectures
+from fleet.onhost.rehearsal.source_mining import (
+    class_fields,
+    config_registry,
+    registry_architectures,
+)
 from fleet.onhost.rehearsal.vllm_sim_args import sim_spec_fields
 from fleet.onhost.rehearsal.vllm_sim_model import SimModel
-from fleet.onhost.rehearsal.vllm_sim_out import traceback_text
+from fleet.onhost.rehearsal.vllm_sim_out import Frame, traceback_text
 from fleet.onhost.rehearsal.vllm_sim_src import (
+    API_SERVER,
     SIM_TRANSFORMERS_MODEL_TYPES,
+    sim_aenter,
     sim_api_top,
     sim_config_frames,
     sim_engine_client,
+    site_path,
 )
 from fleet.onhost.rehearsal.vllm_sim_state import GIB, SimExit, SimState
 from fleet.onhost.vllm_tree import admits, allowlists, judge_allowlist
@@ -70,9 +79,117 @@ def pydantic_error(sim: SimState, cls: str, message: str, input_repr: str) -> st
     )
 
 
+# huggingface_hub (not vLLM; the release vLLM 0.17's CPU build installs, 0.36.2): the
+# true values of HF_HUB_OFFLINE (constants.py ENV_VARS_TRUE_VALUES, TRANSFORMERS_OFFLINE
+# counts too), validate_repo_id's checks and texts with the lines of their `raise`
+# (utils/_validators.py), and snapshot_download's offline miss (_snapshot_download.py).
+SIM_HUB_TRUE = ("1", "ON", "YES", "TRUE")
+SIM_HUB_REPO_ID = re.compile(r"^(\b[\w\-.]+\b/)?\b[\w\-.]{1,96}\b$")
+SIM_HUB_VALIDATORS = "huggingface_hub/utils/_validators.py"
+SIM_HUB_INNER = (114, "        return fn(*args, **kwargs)")
+SIM_HUB_VALIDATE = (106, "                validate_repo_id(arg_value)")
+
+
+def hub_offline(env: Dict[str, str]) -> bool:
+    """huggingface_hub.constants.HF_HUB_OFFLINE for this environment."""
+    value = env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE")
+    return value is not None and value.upper() in SIM_HUB_TRUE
+
+
+def hub_repo_error(repo_id: str) -> Tuple[List[Frame], str]:
+    """What `snapshot_download(repo_id=...)` raises offline for an id that is no
+    directory: validate_repo_id's error, or (a valid id) the cache miss."""
+    checks = (
+        (
+            repo_id.count("/") > 1,
+            154,
+            "Repo id must be in the form 'repo_name' or 'namespace/repo_name': '%s'. Use "
+            "`repo_type` argument if needed.",
+        ),
+        (
+            not SIM_HUB_REPO_ID.match(repo_id),
+            160,
+            "Repo id must use alphanumeric chars, '-', '_' or '.'. The name cannot start or "
+            "end with '-' or '.' and the maximum length is 96: '%s'.",
+        ),
+        ("--" in repo_id or ".." in repo_id, 167, "Cannot have -- or .. in repo_id: '%s'."),
+        (repo_id.endswith(".git"), 170, "Repo_id cannot end by '.git': '%s'."),
+    )
+    validators = site_path(SIM_HUB_VALIDATORS)
+    for failed, line, text in checks:
+        if failed:
+            frames = [
+                Frame(validators, SIM_HUB_VALIDATE[0], "_inner_fn", SIM_HUB_VALIDATE[1]),
+                Frame(validators, line, "validate_repo_id", "        raise HFValidationError("),
+            ]
+            return frames, "huggingface_hub.errors.HFValidationError: " + text % repo_id
+    frames = [
+        Frame(validators, SIM_HUB_INNER[0], "_inner_fn", SIM_HUB_INNER[1]),
+        Frame(
+            site_path("huggingface_hub/_snapshot_download.py"),
+            230,
+            "snapshot_download",
+            "            raise LocalEntryNotFoundError(",
+        ),
+    ]
+    return frames, (
+        "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate cached "
+        "snapshot folder for the specified revision on the local disk and outgoing traffic "
+        "has been disabled. To enable repo look-ups and downloads online, pass "
+        "'local_files_only=False' as input."
+    )
+
+
+def check_offline_model(sim: SimState) -> None:
+    """EngineArgs.__post_init__ (AsyncEngineArgs.from_cli_args, before any config): with
+    HF_HUB_OFFLINE set, the installed tree replaces the model by `get_model_path(model)`,
+    which hands a path that does not exist to huggingface_hub's snapshot_download as a
+    repo id (engine/arg_utils.py; transformers_utils/repo_utils.py from 0.13, config.py
+    before). Read from the installed source: a tree without that call goes on."""
+    if not hub_offline(sim.env) or os.path.exists(sim.model_path):
+        return
+    args = ("engine/arg_utils.py",)
+    post = sim.src.frame(args, "__post_init__", "= get_model_path(self.model", "get_model_path")
+    fetch = None
+    for needle in ("snapshot_download(repo_id=", "hf_api().snapshot_download("):
+        fetch = sim.src.frame(
+            ("transformers_utils/repo_utils.py", "transformers_utils/config.py"),
+            "get_model_path",
+            needle,
+            "snapshot_download",
+        )
+        if fetch is not None:
+            break
+    if post is None or fetch is None:
+        return
+    frames = sim_api_top(sim.src, sim.bin_path)
+    frames += sim.src.chain(
+        [(API_SERVER, "run_server_worker", "async with build_async_engine_client(", None)]
+    )
+    aenter = sim_aenter()
+    if aenter is not None:
+        frames.append(aenter)
+    frames += sim.src.chain(
+        [
+            (API_SERVER, "build_async_engine_client", ".from_cli_args(args)", "from_cli_args"),
+            (args, "from_cli_args", "engine_args = cls(", None),
+        ]
+    )
+    # the dataclass's generated __init__ calls __post_init__ on its last line: one line
+    # per field after `def __create_fn__` and `def __init__` (CPython's dataclasses)
+    fields = class_fields(sim.pkg, args[0], "EngineArgs") or []
+    fields += class_fields(sim.pkg, args[0], "AsyncEngineArgs") or []
+    frames.append(Frame("<string>", len(fields) + 3, "__init__", ""))
+    frames += [post, fetch]
+    hub, exc = hub_repo_error(sim.model_path)
+    sim.api.stderr(traceback_text(frames + hub, exc) + "\n")
+    raise SimExit(1)
+
+
 def configure(sim: SimState) -> None:
     """ModelConfig (target), ParallelConfig, SpeculativeConfig (drafter), as vLLM's
     create_engine_config builds them, failing where vLLM would."""
+    check_offline_model(sim)
     target = SimModel(sim.model_path)
     sim.target = target
     model_kwargs = "ArgsKwargs((), {'model': %r, 'runner': 'auto', 'tokenizer': %r, ...})" % (

@@ -12,10 +12,11 @@
 # noticed by the clock (vllm_sim_state.SimState.node_lost).
 import os
 import signal
+import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from fleet.onhost.rehearsal.source_mining import find_log_call
+from fleet.onhost.rehearsal.source_mining import find_line, find_log_call
 from fleet.onhost.rehearsal.vllm_sim_out import Frame, Tqdm, traceback_text
 from fleet.onhost.rehearsal.vllm_sim_src import (
     API_SERVER,
@@ -153,15 +154,17 @@ def fail_profile(sim: SimState, frames: List[Frame], exc: str) -> None:
     """A worker error in an RPC after start-up (the profile run): each worker logs
     "WorkerProc hit an exception.", the EngineCore's collective_rpc raises."""
     found = find_log_call(sim.pkg, [EXECUTOR], ["WorkerProc hit an exception."])
+    text = traceback_text(frames, exc)
+    noted = find_line(sim.pkg, EXECUTOR, "worker_busy_loop", "e.add_note(traceback.format_exc())")
+    if sys.version_info >= (3, 11) and noted is not None:
+        # worker_busy_loop adds the traceback as a note before logger.exception, which
+        # prints a note after the exception line (Python 3.11+)
+        text += "\n" + text
     for proc in sim.workers:
         if found is not None:
-            proc.log(
-                "ERROR",
-                found["basename"],
-                found["line"],
-                found["fmt"] + "\n" + traceback_text(frames, exc),
-            )
-    detail = exc.split(": ", 1)[1]
+            proc.log("ERROR", found["basename"], found["line"], found["fmt"] + "\n" + text)
+    # enqueue_output sends str(exception): '' for a bare `assert`
+    detail = exc.split(": ", 1)[1] if ": " in exc else ""
     msg = sim.src.message(
         (EXECUTOR,),
         "Worker failed with error",

@@ -47,6 +47,15 @@ def kv_cache(sim: SimState) -> None:
     needed = per_token * sim.max_model_len
     if tokens < sim.max_model_len:
         estimated = tokens
+        # _check_enough_kv_cache_memory builds this part first, only for a length > 0
+        estimated_msg = ""
+        if estimated > 0:
+            estimated_msg = sim.src.message(
+                ("v1/core/kv_cache_utils.py",),
+                "the estimated maximum model length is",
+                {"estimated_max_len": estimated},
+                "",
+            )
         msg = sim.src.message(
             ("v1/core/kv_cache_utils.py",),
             "To serve at least one request with the models",
@@ -55,6 +64,7 @@ def kv_cache(sim: SimState) -> None:
                 "needed_memory": needed / GIB,
                 "available_memory": sim.kv_bytes / GIB,
                 "estimated_max_len": estimated,
+                "estimated_msg": estimated_msg,
                 "GiB_bytes": 1,
             },
             "To serve at least one request with the models's max seq len (%d), (%.2f GiB KV "

@@ -7,18 +7,25 @@
 # the free GPU memory each rank needs), the target's weights (tqdm's safetensors bar, a
 # shard per update, GPU memory rising in nvidia-smi), the drafter's, the checks vLLM makes
 # of EAGLE-3 while loading (SupportsEagle3 on the outer model class, the proposer's
-# image_token_index path) and in the profile run (the drafter's shapes against the
-# target's), torch.compile, then the KV cache and the CUDA graphs (vllm_sim_kv.py).
+# image_token_index path) and in the profile run (the drafter's first forward pass, its
+# shapes against the target's), torch.compile (none with --enforce-eager), then the KV
+# cache and the CUDA graphs (vllm_sim_kv.py). A multimodal target whose modalities are
+# all limited to 0 (--limit-mm-per-prompt) runs as text only, as vLLM does.
 import os
 import sys
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from fleet.onhost.rehearsal.source_mining import (
+    class_decorators,
     config_registry,
+    find_assert,
     find_log_call,
+    find_string,
     multimodal_image_token,
+    source_file,
     string_constant,
+    supported_modalities,
     supports_multimodal,
 )
 from fleet.onhost.rehearsal.vllm_sim_config import (
@@ -74,7 +81,8 @@ def load(sim: SimState) -> None:
         load_drafter(sim)
     check_eagle3(sim)
     sim.say("model_loading", (weights_gib(sim), time.monotonic() - sim.load_started))
-    if is_multimodal(sim):
+    if mm_inputs(sim):
+        # profile_run profiles the encoder only for multimodal inputs (not text only)
         sim.say("encoder_cache", (16384, 1, "image"), procs=sim.workers)
     torch_compile(sim)
     kv_cache(sim)
@@ -94,6 +102,9 @@ def load(sim: SimState) -> None:
 def start_engine(sim: SimState) -> None:
     """The EngineCore process, its config line, then its workers (this node's ranks)."""
     sim.phase = "engine"
+    text_only = is_multimodal(sim) and not mm_inputs(sim)
+    if text_only and not sim.nodes.headless:
+        sim.say("text_only", ())
     first = sim.nodes.rank0
     titles = ["VLLM::" + sim.worker_name(first + r) for r in range(sim.nodes.local_world)]
     spawned = sim_spawn_engine(sys.executable, titles, sim.gpus.path, sim.api.pid)
@@ -107,6 +118,8 @@ def start_engine(sim: SimState) -> None:
     sim.engine.decorate(sim.family["engine_name"])
     if not sim.nodes.headless:
         sim.say("engine_init", (sim.version, engine_config(sim)))
+        if text_only:
+            sim.say("text_only", (), procs=[sim.engine])
         addr = sim.nodes.master_addr if sim.nodes.multinode else "127.0.0.1"
         sim.say(
             "dp_leader",
@@ -190,6 +203,9 @@ def init_device(sim: SimState) -> None:
     sim.sleep("init_device")
     for i, proc in enumerate(sim.workers):
         proc.decorate(sim.worker_name(first + i), sim.family["worker_prefix"])
+    if is_multimodal(sim) and not mm_inputs(sim):
+        # init_device ends by building the worker's model runner, which asks
+        sim.say("text_only", (), procs=sim.workers)
 
 
 def check_free_memory(sim: SimState) -> None:
@@ -310,6 +326,36 @@ def is_multimodal(sim: SimState) -> bool:
     return supports_multimodal(model_classes_all(sim.pkg)["files"], sim.target.arch)
 
 
+def _limit(value: Any) -> Optional[int]:
+    """One modality's --limit-mm-per-prompt value: a count, or {"count": N, ...}."""
+    if isinstance(value, dict):
+        value = value.get("count")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def mm_inputs(sim: SimState) -> bool:
+    """MultiModalRegistry.supports_multimodal_inputs (multimodal/registry.py): a
+    multimodal target takes multimodal inputs unless every modality its processing info
+    supports (`get_supported_mm_limits`, read from the target's model file) is limited to
+    0 by --limit-mm-per-prompt; then vLLM runs it "in text-only mode"."""
+    if not is_multimodal(sim):
+        return False
+    limits = sim.args.get("limit_mm_per_prompt")
+    if not isinstance(limits, dict):
+        return True
+    modalities = None
+    for rel, entry in sorted(model_classes_all(sim.pkg)["files"].items()):
+        classes = entry.get("classes") if isinstance(entry, dict) else None
+        if isinstance(classes, dict) and sim.target.arch in classes:
+            modalities = supported_modalities(sim.pkg, rel)
+            break
+    if not modalities:
+        return True
+    return not all(_limit(limits.get(m)) == 0 for m in modalities)
+
+
 def load_drafter(sim: SimState) -> None:
     sim.phase = "drafter"
     drafter = sim.drafter
@@ -417,8 +463,18 @@ def check_eagle3(sim: SimState) -> None:
 
 
 def torch_compile(sim: SimState) -> None:
+    """The profile run (gpu_worker.determine_available_memory -> profile_run): the
+    target's and the drafter's first forward passes, compiled by torch.compile on the way
+    unless --enforce-eager (CompilationMode.NONE: vLLM's compilation backend, its
+    monitor and their lines stay out)."""
     sim.phase = "compile"
     started = time.monotonic()
+    if bool(sim.args.get("enforce_eager")):
+        sim.sleep("compile", 0.2)
+        drafter_first_forward(sim)
+        check_drafter_shapes(sim)
+        sim.compile_seconds = 0.0
+        return
     home = os.path.expanduser("~")
     tag = "%010x" % (abs(hash(sim.model_path + sim.version)) % (1 << 40))
     parts = ["backbone"] + (["eagle_head"] if sim.drafter is not None else [])
@@ -432,6 +488,7 @@ def torch_compile(sim: SimState) -> None:
             labels={"": "", "transform time": time.monotonic() - started},
         )
         if part == "eagle_head":
+            drafter_first_forward(sim)
             check_drafter_shapes(sim)
         sim.sleep("compile", 0.3)
         rng = "(1, %d)" % int(sim.args.get("max_num_batched_tokens") or 8192)
@@ -447,10 +504,149 @@ def torch_compile(sim: SimState) -> None:
     sim.say("warmup", (sim.compile_seconds,), labels={"": "", "run took": sim.compile_seconds})
 
 
+LLAMA_EAGLE3 = "model_executor/models/llama_eagle3.py"
+# torch (not vLLM): the frames its decorators and modules add, torch 2.10's lines
+SIM_TORCH_INFERENCE = (
+    "torch/utils/_contextlib.py",
+    124,
+    "decorate_context",
+    "            return func(*args, **kwargs)",
+)
+SIM_TORCH_ASSERT = ("torch/__init__.py", 2233, "_assert", "    assert condition, message")
+
+
+def _torch_frame(where: Tuple[str, int, str, str]) -> Frame:
+    return Frame(site_path(where[0]), where[1], where[2], where[3])
+
+
+def _inference_mode(sim: SimState, rels: Tuple[str, ...], qualname: str) -> List[Frame]:
+    """torch's decorate_context frame when the installed function is decorated with
+    @torch.inference_mode()."""
+    for rel in rels:
+        names = class_decorators(sim.pkg, rel, qualname)
+        if names:
+            if any(n.endswith("inference_mode") for n in names):
+                return [_torch_frame(SIM_TORCH_INFERENCE)]
+            return []
+    return []
+
+
+def embeds_width(sim: SimState) -> int:
+    """How wide the input embeddings of the drafter's dummy run are.
+
+    The proposer's dummy_run passes its `inputs_embeds` buffer (the drafter's own
+    inputs_embeds size: its hidden size) when it takes multimodal inputs, else input ids,
+    which the drafter embeds with embed_tokens: the target's, shared, when the drafter's
+    checkpoint carries none (v1/spec_decode/eagle.py _maybe_share_embeddings, 0.11.1+:
+    "Detected EAGLE model without its own embed_tokens"), its own otherwise (before
+    0.11.1 vLLM shares only an embedding of the target's shape)."""
+    drafter = sim.drafter
+    assert drafter is not None
+    hidden = int(drafter.get("hidden_size", 0) or 0)
+    if mm_inputs(sim):
+        dummy = None
+        for rel in PROPOSERS:
+            src = source_file(sim.pkg, rel)
+            fn = src.function("dummy_run") if src is not None else None
+            if src is not None and fn is not None:
+                dummy = src.segment(fn)
+                break
+        if dummy is not None and "self.inputs_embeds[" in dummy:
+            return hidden
+    shares = any(
+        find_string(sim.pkg, rel, "Detected EAGLE model without its own embed_tokens")
+        for rel in PROPOSERS
+    )
+    if shares and drafter.tensors and not drafter.has_tensor("embed_tokens.weight"):
+        return int(sim.target.get("hidden_size", 0) or 0)
+    for name, entry in drafter.tensors.items():
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if name.endswith("embed_tokens.weight") and isinstance(shape, list) and len(shape) == 2:
+            return int(shape[1])
+    return hidden
+
+
+def drafter_first_forward(sim: SimState) -> None:
+    """The drafter's first forward pass: its dummy run inside the target's in the profile
+    run (gpu_model_runner._dummy_run -> drafter.dummy_run -> the EAGLE-3 LlamaModel's
+    forward). That forward first checks that the hidden states it is given (the
+    proposer's buffer, the drafter's hidden size wide) are as wide as the input
+    embeddings (`embeds_width`): a bare `assert` up to 0.20, `torch._assert` with a
+    message from 0.25, read from the installed llama_eagle3.py. A drafter of another
+    hidden size than the target's that shares the target's embedding fails here, in every
+    worker (vLLM 0.17's CPU engine: tests/corpus/engine/drafter-incompatible--*)."""
+    drafter = sim.drafter
+    if drafter is None or sim.method != "eagle3":
+        return
+    check = find_assert(sim.pkg, LLAMA_EAGLE3, "LlamaModel.forward", "input_embeds.shape[-1]")
+    hidden = int(drafter.get("hidden_size", 0) or 0)
+    if check is None or not hidden or embeds_width(sim) == hidden:
+        return
+    frames = sim.src.chain(
+        [
+            ((EXECUTOR,), "worker_busy_loop", "output = func(", "func"),
+            (
+                ("v1/worker/gpu_worker.py",),
+                "determine_available_memory",
+                "self.model_runner.profile_run()",
+                "profile_run",
+            ),
+            ((RUNNER,), "profile_run", "self._dummy_run(", "_dummy_run"),
+        ]
+    )
+    frames += _inference_mode(sim, (RUNNER,), "_dummy_run")
+    frames += sim.src.chain([((RUNNER,), "_dummy_run", "self.drafter.dummy_run(", "dummy_run")])
+    frames += _inference_mode(sim, PROPOSERS, "dummy_run")
+    frames += sim.src.chain([(PROPOSERS, "dummy_run", "self.model(", None)])
+    frames += [_torch_frame(w) for w in SIM_TORCH_MODULE_CALL]
+    frames += sim.src.chain(
+        [
+            ((LLAMA_EAGLE3,), "forward", "return self.model(input_ids, positions", "model"),
+            (("compilation/decorators.py",), "__call__", "return self.forward(", "forward"),
+        ]
+    )
+    frames.append(
+        Frame(
+            sim.src.path(LLAMA_EAGLE3),
+            check["line"],
+            check["func"],
+            check["raw"],
+            "_assert" if check["call"] else None,
+        )
+    )
+    exc = "AssertionError"
+    if check["call"]:
+        frames.append(_torch_frame(SIM_TORCH_ASSERT))
+    if check["message"]:
+        exc += ": " + check["message"]
+    fail_profile(sim, frames, exc)
+
+
+# torch.nn.Module.__call__ (torch 2.10's lines)
+SIM_TORCH_MODULE_CALL = (
+    (
+        "torch/nn/modules/module.py",
+        1776,
+        "_wrapped_call_impl",
+        "            return self._call_impl(*args, **kwargs)",
+    ),
+    (
+        "torch/nn/modules/module.py",
+        1787,
+        "_call_impl",
+        "            return forward_call(*args, **kwargs)",
+    ),
+)
+
+
 def check_drafter_shapes(sim: SimState) -> None:
-    """The drafter's first forward (the profile run): its fc expects
-    3 x its hidden size, the target gives 3 x the target's; fewer aux states when an
-    aux layer id is out of range. (vLLM checks neither; docs/research/vllm-serve.md §5.3.)"""
+    """The drafter's fc (combine_hidden_states) on the target's aux hidden states: it
+    takes 3 x its target_hidden_size (else hidden_size), the target gives 3 x its own
+    (fewer states when an aux layer id is out of range): a matmul shape error. Shown in
+    the profile run, as the rehearsal always has; in vLLM 0.17's source the dummy run
+    does not call fc (propose does, at the first request), and no real engine log has
+    shown the point yet (docs/research/vllm-serve.md §5.3, §7). A drafter that does not
+    even fit its input embeddings fails before, in `drafter_first_forward`."""
     drafter = sim.drafter
     if drafter is None or sim.method != "eagle3":
         return

@@ -64,6 +64,14 @@ SIM_MESSAGES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...], Optional[str], s
         "A",
     ),
     "async_sched": (("config/vllm.py",), ("Asynchronous scheduling is %s.",), None, "A"),
+    # MultiModalRegistry.supports_multimodal_inputs, info_once in each process that asks:
+    # the APIServer's input processor, the EngineCore's scheduler, each worker's runner
+    "text_only": (
+        ("multimodal/registry.py",),
+        ("are set to 0, running in text-only mode",),
+        None,
+        "A",
+    ),
     "engine_init": ((CORE,), ("Initializing a V1 LLM engine (v%s) with config: %s",), None, "E"),
     "headless": (
         ("entrypoints/cli/serve.py",),
