@@ -112,6 +112,8 @@ def test_inventory_vars_lead_to_the_checkpoints(
     models = str(spec.vars["models_dir"])
     res = conn.run(["ls", models])
     assert res.stdout.split() == [
+        "DeepSeek-V3",
+        "DeepSeek-V3-eagle3",
         "Kimi-K2-Instruct",
         "Kimi-K2.5",
         "Kimi-K25-eagle3",
