@@ -146,39 +146,42 @@ class SpecCounters:
     found: bool = False
 
 
-def parse_metrics(text: str, model_name: str | None = None) -> SpecCounters:
-    """The spec-decode counters of a ``/metrics`` exposition (prometheus_client's
-    parser); only series of ``model_name`` when given."""
+def _samples(text: str) -> list[Any]:
+    """Every sample of a ``/metrics`` exposition (prometheus_client's parser)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out = SpecCounters()
     try:
-        families = list(text_string_to_metric_families(text))
+        return [s for family in text_string_to_metric_families(text) for s in family.samples]
     except (ValueError, TypeError) as exc:
         raise OperationFailed(f"unreadable /metrics: {exc}") from None
-    for family in families:
-        for sample in family.samples:
-            if model_name and sample.labels.get("model_name") not in (None, model_name):
+
+
+def parse_metrics(text: str, model_name: str | None = None) -> SpecCounters:
+    """The spec-decode counters of a ``/metrics`` exposition; only series of
+    ``model_name`` when given."""
+    out = SpecCounters()
+    for sample in _samples(text):
+        if model_name and sample.labels.get("model_name") not in (None, model_name):
+            continue
+        name = sample.name
+        if name.endswith("_created"):
+            continue
+        base = name.removesuffix("_total")
+        if base == DRAFTS:
+            out.drafts += sample.value
+        elif base == DRAFT_TOKENS:
+            out.draft_tokens += sample.value
+        elif base == ACCEPTED:
+            out.accepted += sample.value
+        elif base == PER_POSITION:
+            try:
+                pos = int(sample.labels.get("position", ""))
+            except ValueError:
                 continue
-            name = sample.name
-            if name.endswith("_created"):
-                continue
-            base = name.removesuffix("_total")
-            if base == DRAFTS:
-                out.drafts += sample.value
-            elif base == DRAFT_TOKENS:
-                out.draft_tokens += sample.value
-            elif base == ACCEPTED:
-                out.accepted += sample.value
-            elif base == PER_POSITION:
-                try:
-                    pos = int(sample.labels.get("position", ""))
-                except ValueError:
-                    continue
-                out.per_position[pos] = out.per_position.get(pos, 0.0) + sample.value
-            else:
-                continue
-            out.found = True
+            out.per_position[pos] = out.per_position.get(pos, 0.0) + sample.value
+        else:
+            continue
+        out.found = True
     return out
 
 
@@ -198,21 +201,14 @@ class Load:
 
 def parse_load(text: str) -> Load:
     """The in-flight and queued requests of a ``/metrics`` exposition."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     out = Load()
-    try:
-        families = list(text_string_to_metric_families(text))
-    except (ValueError, TypeError) as exc:
-        raise OperationFailed(f"unreadable /metrics: {exc}") from None
-    for family in families:
-        for sample in family.samples:
-            if sample.name == "vllm:num_requests_running":
-                out.running += sample.value
-                out.found = True
-            elif sample.name == "vllm:num_requests_waiting":
-                out.waiting += sample.value
-                out.found = True
+    for sample in _samples(text):
+        if sample.name == "vllm:num_requests_running":
+            out.running += sample.value
+            out.found = True
+        elif sample.name == "vllm:num_requests_waiting":
+            out.waiting += sample.value
+            out.found = True
     return out
 
 

@@ -582,18 +582,7 @@ def drafter_first_forward(sim: SimState) -> None:
     hidden = int(drafter.get("hidden_size", 0) or 0)
     if check is None or not hidden or embeds_width(sim) == hidden:
         return
-    frames = sim.src.chain(
-        [
-            ((EXECUTOR,), "worker_busy_loop", "output = func(", "func"),
-            (
-                ("v1/worker/gpu_worker.py",),
-                "determine_available_memory",
-                "self.model_runner.profile_run()",
-                "profile_run",
-            ),
-            ((RUNNER,), "profile_run", "self._dummy_run(", "_dummy_run"),
-        ]
-    )
+    frames = sim.src.chain(PROFILE_RUN)
     frames += _inference_mode(sim, (RUNNER,), "_dummy_run")
     frames += sim.src.chain([((RUNNER,), "_dummy_run", "self.drafter.dummy_run(", "dummy_run")])
     frames += _inference_mode(sim, PROPOSERS, "dummy_run")
@@ -622,6 +611,17 @@ def drafter_first_forward(sim: SimState) -> None:
     fail_profile(sim, frames, exc)
 
 
+# a worker's profile run, down to the runner's dummy run (the drafter's checks start there)
+PROFILE_RUN = [
+    ((EXECUTOR,), "worker_busy_loop", "output = func(", "func"),
+    (
+        ("v1/worker/gpu_worker.py",),
+        "determine_available_memory",
+        "self.model_runner.profile_run()",
+        "profile_run",
+    ),
+    ((RUNNER,), "profile_run", "self._dummy_run(", "_dummy_run"),
+]
 # torch.nn.Module.__call__ (torch 2.10's lines)
 SIM_TORCH_MODULE_CALL = (
     (
@@ -660,14 +660,7 @@ def check_drafter_shapes(sim: SimState) -> None:
     got = target_hidden * len(valid)
     frames = sim.src.chain(
         [
-            ((EXECUTOR,), "worker_busy_loop", "output = func(", "func"),
-            (
-                ("v1/worker/gpu_worker.py",),
-                "determine_available_memory",
-                "self.model_runner.profile_run()",
-                "profile_run",
-            ),
-            ((RUNNER,), "profile_run", "self._dummy_run(", "_dummy_run"),
+            *PROFILE_RUN,
             ((RUNNER,), "_dummy_run", "self.drafter.dummy_run(", "dummy_run"),
             (PROPOSERS, "dummy_run", "self.model(", None),
             (
